@@ -1,0 +1,303 @@
+//! Flags and environment variables in, a checked `Config` out. Only this module
+//! knows about clap and `VALVE_*` variables; everything else reads plain data.
+//!
+//! Parsing is two steps, like ripgrep: `Args` is what the user typed, `Config`
+//! is what valve will do, and `Args::into_config` says what is wrong with the
+//! first before anything binds a port or starts R.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Parser;
+
+/// One port in front of a pool of R worker processes running a plumber API.
+///
+/// Each request goes to an idle worker; when all are busy it waits in a queue
+/// and the pool grows up to --n-max, then shrinks back to --n-min once workers
+/// sit unused for --max-age seconds.
+#[derive(Parser, Debug)]
+#[command(name = "valve", version, max_term_width = 100)]
+pub struct Args {
+    /// The plumber API: a file, or a directory holding entrypoint.R or plumber.R.
+    #[arg(
+        short = 'f',
+        long = "file",
+        env = "VALVE_FILE",
+        default_value = "plumber.R"
+    )]
+    pub file: PathBuf,
+
+    /// Address to listen on.
+    #[arg(long, env = "VALVE_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+
+    /// Port to listen on (0 picks a free one and prints it).
+    #[arg(short = 'p', long, env = "VALVE_PORT", default_value_t = 3000)]
+    pub port: u16,
+
+    /// Threads valve itself uses to move requests (tokio worker threads).
+    #[arg(short = 'w', long, env = "VALVE_WORKERS", default_value_t = 3)]
+    pub workers: usize,
+
+    /// Most R worker processes to run at once.
+    #[arg(short = 'n', long = "n-max", env = "VALVE_N_MAX", default_value_t = 3)]
+    pub n_max: usize,
+
+    /// R worker processes to keep running even when idle.
+    #[arg(long = "n-min", env = "VALVE_N_MIN", default_value_t = 1)]
+    pub n_min: usize,
+
+    /// Seconds between checks for unused workers.
+    #[arg(
+        long = "check-unused",
+        env = "VALVE_CHECK_UNUSED",
+        default_value = "10",
+        value_name = "SECONDS"
+    )]
+    pub check_unused: String,
+
+    /// Seconds a worker may sit unused before it is stopped (never below --n-min).
+    #[arg(
+        long = "max-age",
+        env = "VALVE_MAX_AGE",
+        default_value = "300",
+        value_name = "SECONDS"
+    )]
+    pub max_age: String,
+
+    /// The R executable that runs workers.
+    #[arg(
+        long = "r-bin",
+        env = "VALVE_R_BIN",
+        default_value = "R",
+        value_name = "PATH"
+    )]
+    pub r_bin: PathBuf,
+
+    /// Seconds a new worker may take to load the API and answer before it is given up on.
+    #[arg(
+        long = "start-timeout",
+        env = "VALVE_START_TIMEOUT",
+        default_value = "120",
+        value_name = "SECONDS"
+    )]
+    pub start_timeout: String,
+
+    /// Seconds in-flight requests get to finish on SIGTERM or SIGINT before workers are stopped.
+    #[arg(
+        long = "graceful-timeout",
+        env = "VALVE_GRACEFUL_TIMEOUT",
+        default_value = "30",
+        value_name = "SECONDS"
+    )]
+    pub graceful_timeout: String,
+}
+
+/// What valve serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum App {
+    /// A plumber API file, run as `pr(file)` would.
+    PlumberFile(PathBuf),
+    /// A directory with `entrypoint.R` or `plumber.R`, run as `plumb(dir = )` would.
+    PlumberDir(PathBuf),
+}
+
+impl App {
+    /// The path handed to R (absolute).
+    pub fn path(&self) -> &Path {
+        match self {
+            App::PlumberFile(p) | App::PlumberDir(p) => p,
+        }
+    }
+
+    /// The directory workers run in, so relative paths in the API work as without valve.
+    pub fn workdir(&self) -> &Path {
+        match self {
+            App::PlumberFile(p) => p.parent().unwrap_or(Path::new("/")),
+            App::PlumberDir(d) => d,
+        }
+    }
+}
+
+/// A checked configuration: plain data, valid by construction.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub app: App,
+    pub host: String,
+    pub port: u16,
+    pub threads: usize,
+    pub n_min: usize,
+    pub n_max: usize,
+    pub check_unused: Duration,
+    pub max_age: Duration,
+    pub r_bin: PathBuf,
+    pub start_timeout: Duration,
+    pub graceful_timeout: Duration,
+}
+
+/// Why a configuration was refused. Each message names the value and what to try.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("API file not found: {0} (pass the plumber file or its directory with -f/--file)")]
+    NotFound(String),
+    #[error("cannot read API file {path}: {reason}")]
+    Unreadable { path: String, reason: String },
+    #[error(
+        "directory {0} holds neither entrypoint.R nor plumber.R (pass the API file itself with -f)"
+    )]
+    EmptyDir(String),
+    #[error("--n-min {n_min} is above --n-max {n_max}: raise --n-max or lower --n-min")]
+    MinAboveMax { n_min: usize, n_max: usize },
+    #[error("--n-max must be at least 1")]
+    ZeroMax,
+    #[error("--workers must be at least 1")]
+    ZeroThreads,
+    #[error("{flag} {value:?} is not a number of seconds (try {flag} 10 or {flag} 0.5)")]
+    BadSeconds { flag: &'static str, value: String },
+}
+
+fn seconds(flag: &'static str, value: &str, allow_zero: bool) -> Result<Duration, ConfigError> {
+    let bad = || ConfigError::BadSeconds {
+        flag,
+        value: value.to_string(),
+    };
+    let secs: f64 = value.trim().parse().map_err(|_| bad())?;
+    if !secs.is_finite() || secs < 0.0 || (!allow_zero && secs == 0.0) || secs > 1e9 {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Resolves `-f` to an absolute file or directory and checks R can read it.
+fn resolve_app(path: &Path) -> Result<App, ConfigError> {
+    let shown = path.display().to_string();
+    let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => ConfigError::NotFound(shown.clone()),
+        _ => ConfigError::Unreadable {
+            path: shown.clone(),
+            reason: e.to_string(),
+        },
+    })?;
+    let abs = std::fs::canonicalize(path).map_err(|e| ConfigError::Unreadable {
+        path: shown.clone(),
+        reason: e.to_string(),
+    })?;
+    let (app, file) = if meta.is_dir() {
+        let file = ["entrypoint.R", "plumber.R"]
+            .iter()
+            .map(|name| abs.join(name))
+            .find(|p| p.is_file())
+            .ok_or(ConfigError::EmptyDir(shown.clone()))?;
+        (App::PlumberDir(abs), file)
+    } else {
+        (App::PlumberFile(abs.clone()), abs)
+    };
+    std::fs::File::open(&file).map_err(|e| ConfigError::Unreadable {
+        path: file.display().to_string(),
+        reason: match e.kind() {
+            std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+            _ => e.to_string(),
+        },
+    })?;
+    Ok(app)
+}
+
+impl Args {
+    pub fn into_config(self) -> Result<Config, ConfigError> {
+        if self.n_max == 0 {
+            return Err(ConfigError::ZeroMax);
+        }
+        if self.n_min > self.n_max {
+            return Err(ConfigError::MinAboveMax {
+                n_min: self.n_min,
+                n_max: self.n_max,
+            });
+        }
+        if self.workers == 0 {
+            return Err(ConfigError::ZeroThreads);
+        }
+        Ok(Config {
+            check_unused: seconds("--check-unused", &self.check_unused, false)?,
+            max_age: seconds("--max-age", &self.max_age, true)?,
+            start_timeout: seconds("--start-timeout", &self.start_timeout, false)?,
+            graceful_timeout: seconds("--graceful-timeout", &self.graceful_timeout, true)?,
+            app: resolve_app(&self.file)?,
+            host: self.host,
+            port: self.port,
+            threads: self.workers,
+            n_min: self.n_min,
+            n_max: self.n_max,
+            r_bin: self.r_bin,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        let mut argv = vec!["valve"];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv).expect("flags parse")
+    }
+
+    #[test]
+    fn defaults_match_the_reference_tool() {
+        let a = args(&[]);
+        assert_eq!(a.file, PathBuf::from("plumber.R"));
+        assert_eq!(
+            (a.host.as_str(), a.port, a.workers, a.n_max, a.n_min),
+            ("127.0.0.1", 3000, 3, 3, 1)
+        );
+        assert_eq!((a.check_unused.as_str(), a.max_age.as_str()), ("10", "300"));
+    }
+
+    #[test]
+    fn refuses_n_min_above_n_max() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("plumber.R");
+        std::fs::write(&f, "").unwrap();
+        let err = args(&["-f", f.to_str().unwrap(), "--n-min", "5", "-n", "2"])
+            .into_config()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--n-min 5 is above --n-max 2: raise --n-max or lower --n-min"
+        );
+    }
+
+    #[test]
+    fn resolves_directories_like_plumb_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = args(&["-f", dir.path().to_str().unwrap()])
+            .into_config()
+            .unwrap_err();
+        assert!(matches!(err, ConfigError::EmptyDir(_)));
+        std::fs::write(dir.path().join("plumber.R"), "").unwrap();
+        let c = args(&["-f", dir.path().to_str().unwrap()])
+            .into_config()
+            .unwrap();
+        assert!(matches!(c.app, App::PlumberDir(_)));
+        assert_eq!(c.app.workdir(), std::fs::canonicalize(dir.path()).unwrap());
+    }
+
+    #[test]
+    fn missing_file_and_bad_seconds_say_what_and_where() {
+        let err = args(&["-f", "/nonexistent/api.R"])
+            .into_config()
+            .unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/api.R"));
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("plumber.R");
+        std::fs::write(&f, "").unwrap();
+        let err = args(&["-f", f.to_str().unwrap(), "--max-age", "soon"])
+            .into_config()
+            .unwrap_err();
+        assert!(err.to_string().contains("--max-age \"soon\""));
+        let c = args(&["-f", f.to_str().unwrap(), "--check-unused", "0.5"])
+            .into_config()
+            .unwrap();
+        assert_eq!(c.check_unused, Duration::from_millis(500));
+    }
+}

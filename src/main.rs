@@ -1,0 +1,128 @@
+//! The `valve` command: flags in, exit code out. Exit codes are decided here only:
+//! 0 after a clean stop, 1 when valve or the API could not start, 2 for bad flags.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio::net::TcpListener;
+use tracing_subscriber::EnvFilter;
+use valve::config::{Args, Config};
+use valve::shutdown::Shutdown;
+use valve::supervisor::Supervisor;
+use valve::worker::StartError;
+
+const EXIT_START: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+
+fn main() -> ExitCode {
+    let config = match Args::parse().into_config() {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("valve: error: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("VALVE_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.threads)
+        .thread_name("valve")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("valve: error: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_START);
+        }
+    };
+    runtime.block_on(run(config))
+}
+
+async fn run(config: Config) -> ExitCode {
+    let shutdown = Shutdown::new();
+    if let Err(e) = shutdown.listen_for_signals() {
+        eprintln!("valve: error: cannot listen for signals: {e}");
+        return ExitCode::from(EXIT_START);
+    }
+    let listener = match TcpListener::bind((config.host.as_str(), config.port)).await {
+        Ok(l) => l,
+        Err(e) => {
+            let hint = match e.kind() {
+                std::io::ErrorKind::AddrInUse => {
+                    " (another program uses it: stop it or pick another --port)"
+                }
+                std::io::ErrorKind::PermissionDenied => {
+                    " (ports below 1024 need privileges: pick a --port above 1024)"
+                }
+                _ => " (check --host and --port)",
+            };
+            eprintln!(
+                "valve: error: cannot listen on {}:{}: {e}{hint}",
+                config.host, config.port
+            );
+            return ExitCode::from(EXIT_START);
+        }
+    };
+    let addr = match listener.local_addr() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("valve: error: cannot read the bound address: {e}");
+            return ExitCode::from(EXIT_START);
+        }
+    };
+    let sup = match Supervisor::new(&config, addr.port()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("valve: error: cannot create the private run directory: {e} (check TMPDIR)");
+            return ExitCode::from(EXIT_START);
+        }
+    };
+    tracing::info!(app = %config.app.path().display(), workers = config.n_min, "starting workers");
+    tokio::select! {
+        started = sup.start() => if let Err(e) = started {
+            report_start_error(&config, &e);
+            sup.shutdown().await;
+            return ExitCode::from(EXIT_START);
+        },
+        _ = shutdown.drain.cancelled() => {
+            sup.shutdown().await;
+            return ExitCode::SUCCESS;
+        }
+    }
+    let url = valve::server::display_addr(addr);
+    println!(
+        "valve: serving {} on {url} with {} worker(s), up to {} (docs: {url}/__docs__/)",
+        config.app.path().display(),
+        config.n_min,
+        config.n_max
+    );
+    valve::server::run(listener, sup, shutdown, config.graceful_timeout).await;
+    ExitCode::SUCCESS
+}
+
+fn report_start_error(config: &Config, e: &StartError) {
+    eprintln!("valve: error: the API could not start: {e}");
+    for line in e.tail() {
+        eprintln!("  R: {line}");
+    }
+    let hint = match e {
+        StartError::NoR { .. } | StartError::Io(_) => return,
+        _ if e.missing_package() => {
+            "install R and plumber, e.g. `apt-get install r-base-core r-cran-plumber`".to_string()
+        }
+        StartError::Timeout(..) => {
+            "raise --start-timeout if the API needs longer to load".to_string()
+        }
+        StartError::Exited { .. } => format!(
+            "run the API in R to see the problem: R -e 'plumber::pr_run(plumber::pr(\"{}\"))'",
+            config.app.path().display()
+        ),
+    };
+    eprintln!("hint: {hint}");
+}

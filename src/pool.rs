@@ -1,0 +1,388 @@
+//! The pool's bookkeeping: which workers exist, what state each is in, who waits
+//! for one, and when to grow or shrink. Pure logic: no processes, no sockets, no
+//! clocks of its own (callers pass `now`), so every decision is unit-tested.
+//!
+//! The pool only decides. It hands back the ids of workers to start or stop and
+//! the waiters to serve; the supervisor carries those decisions out.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// A worker's identity for its whole life; never reused within one valve run.
+pub type WorkerId = u64;
+
+/// Where a worker is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Launched (or waiting to be launched) but not yet answering.
+    Starting,
+    /// Answering and free to take a request.
+    Idle,
+    /// Serving a request; never given a second one.
+    Busy,
+    /// Asked to stop; takes no more requests.
+    Stopping,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Starting => "starting",
+            State::Idle => "idle",
+            State::Busy => "busy",
+            State::Stopping => "stopping",
+        }
+    }
+}
+
+/// What the pool knows of one worker.
+#[derive(Clone, Debug)]
+pub struct Slot {
+    pub state: State,
+    /// When the worker last finished a request (or became ready).
+    pub last_used: Instant,
+    pub created: Instant,
+    pub served: u64,
+}
+
+/// How big the pool may be.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub n_min: usize,
+    pub n_max: usize,
+}
+
+/// The result of returning a worker to the pool.
+#[derive(Debug)]
+pub enum Release<W> {
+    /// The worker stays busy and goes straight to this waiter.
+    Handoff(W),
+    /// Nobody waits: the worker is idle now.
+    Idle,
+    /// The worker is no longer in the pool (it exited or is stopping).
+    Gone,
+}
+
+/// The pool of workers and the FIFO queue of requests waiting for one.
+/// `W` is whatever a waiter is to the caller (a channel in valve, a number in tests).
+#[derive(Debug)]
+pub struct Pool<W> {
+    limits: Limits,
+    slots: BTreeMap<WorkerId, Slot>,
+    queue: VecDeque<W>,
+    next_id: WorkerId,
+}
+
+impl<W> Pool<W> {
+    pub fn new(limits: Limits) -> Self {
+        assert!(
+            limits.n_min <= limits.n_max && limits.n_max >= 1,
+            "limits are checked by config"
+        );
+        Pool {
+            limits,
+            slots: BTreeMap::new(),
+            queue: VecDeque::new(),
+            next_id: 1,
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    pub fn slot(&self, id: WorkerId) -> Option<&Slot> {
+        self.slots.get(&id)
+    }
+
+    pub fn slots(&self) -> impl Iterator<Item = (WorkerId, &Slot)> {
+        self.slots.iter().map(|(id, s)| (*id, s))
+    }
+
+    pub fn queue_len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn count(&self, state: State) -> usize {
+        self.slots.values().filter(|s| s.state == state).count()
+    }
+
+    /// Workers that count towards the limits: all but those stopping.
+    pub fn live(&self) -> usize {
+        self.slots.len() - self.count(State::Stopping)
+    }
+
+    fn add_starting(&mut self, now: Instant) -> WorkerId {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.slots.insert(
+            id,
+            Slot {
+                state: State::Starting,
+                last_used: now,
+                created: now,
+                served: 0,
+            },
+        );
+        id
+    }
+
+    /// New workers needed to bring the pool up to `n_min`.
+    pub fn fill_to_min(&mut self, now: Instant) -> Vec<WorkerId> {
+        let missing = self.limits.n_min.saturating_sub(self.live());
+        (0..missing).map(|_| self.add_starting(now)).collect()
+    }
+
+    /// Takes an idle worker for a request, if there is one. The most recently
+    /// used idle worker is chosen, so that a quiet pool keeps a warm core and the
+    /// rest age out and get pruned.
+    pub fn checkout(&mut self) -> Option<WorkerId> {
+        let (&id, slot) = self
+            .slots
+            .iter_mut()
+            .filter(|(_, s)| s.state == State::Idle)
+            .max_by_key(|(id, s)| (s.last_used, std::cmp::Reverse(**id)))?;
+        slot.state = State::Busy;
+        slot.served += 1;
+        Some(id)
+    }
+
+    /// Queues a waiter (after `checkout` found no idle worker). Returns the id of
+    /// a worker to start when the waiters outnumber the workers already starting
+    /// and the pool is below `n_max`.
+    pub fn enqueue(&mut self, waiter: W, now: Instant) -> Option<WorkerId> {
+        self.queue.push_back(waiter);
+        self.grow_for_queue(now)
+    }
+
+    fn grow_for_queue(&mut self, now: Instant) -> Option<WorkerId> {
+        let starting = self.count(State::Starting);
+        if self.live() < self.limits.n_max && starting < self.queue.len() {
+            Some(self.add_starting(now))
+        } else {
+            None
+        }
+    }
+
+    /// Drops waiters the caller no longer wants (a client that went away).
+    pub fn retain_waiters(&mut self, keep: impl FnMut(&W) -> bool) {
+        self.queue.retain(keep);
+    }
+
+    /// A worker finished a request, or a starting worker became ready.
+    pub fn release(&mut self, id: WorkerId, now: Instant) -> Release<W> {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return Release::Gone;
+        };
+        if slot.state == State::Stopping {
+            return Release::Gone;
+        }
+        slot.last_used = now;
+        match self.queue.pop_front() {
+            Some(waiter) => {
+                slot.state = State::Busy;
+                slot.served += 1;
+                Release::Handoff(waiter)
+            }
+            None => {
+                slot.state = State::Idle;
+                Release::Idle
+            }
+        }
+    }
+
+    /// A worker process is gone (crashed, stopped, or failed to start). Returns
+    /// the replacements to start: enough for `n_min`, and one more while
+    /// requests wait and the pool has room.
+    pub fn exited(&mut self, id: WorkerId, now: Instant) -> Vec<WorkerId> {
+        self.slots.remove(&id);
+        let mut spawn = self.fill_to_min(now);
+        if spawn.is_empty() && !self.queue.is_empty() {
+            spawn.extend(self.grow_for_queue(now));
+        }
+        spawn
+    }
+
+    /// Marks a worker as stopping. Returns false if it was not in the pool.
+    pub fn stop(&mut self, id: WorkerId) -> bool {
+        match self.slots.get_mut(&id) {
+            Some(slot) => {
+                slot.state = State::Stopping;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Idle workers unused for longer than `max_age`, oldest first, never taking
+    /// the pool below `n_min`. They are marked stopping.
+    pub fn prune(&mut self, now: Instant, max_age: Duration) -> Vec<WorkerId> {
+        let mut stale: Vec<(Instant, WorkerId)> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.state == State::Idle && now.duration_since(s.last_used) > max_age)
+            .map(|(id, s)| (s.last_used, *id))
+            .collect();
+        stale.sort();
+        let spare = self.live().saturating_sub(self.limits.n_min);
+        stale.truncate(spare);
+        stale
+            .into_iter()
+            .map(|(_, id)| {
+                self.stop(id);
+                id
+            })
+            .collect()
+    }
+
+    /// Takes every waiter out of the queue (at shutdown).
+    pub fn drain_waiters(&mut self) -> Vec<W> {
+        self.queue.drain(..).collect()
+    }
+
+    /// Marks every worker stopping and returns their ids (at shutdown).
+    pub fn stop_all(&mut self) -> Vec<WorkerId> {
+        let ids: Vec<WorkerId> = self.slots.keys().copied().collect();
+        for id in &ids {
+            self.stop(*id);
+        }
+        ids
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(n_min: usize, n_max: usize) -> (Pool<u32>, Instant) {
+        (Pool::new(Limits { n_min, n_max }), Instant::now())
+    }
+
+    fn ready_all(p: &mut Pool<u32>, ids: &[WorkerId], now: Instant) {
+        for id in ids {
+            assert!(matches!(p.release(*id, now), Release::Idle));
+        }
+    }
+
+    #[test]
+    fn starts_n_min_and_hands_out_idle_workers() {
+        let (mut p, now) = pool(2, 4);
+        let ids = p.fill_to_min(now);
+        assert_eq!(ids, vec![1, 2]);
+        assert_eq!(p.checkout(), None, "starting workers take no requests");
+        ready_all(&mut p, &ids, now);
+        let a = p.checkout().unwrap();
+        let b = p.checkout().unwrap();
+        assert_ne!(a, b);
+        assert_eq!(
+            p.checkout(),
+            None,
+            "a busy worker never gets a second request"
+        );
+    }
+
+    #[test]
+    fn queue_grows_pool_up_to_n_max_only() {
+        let (mut p, now) = pool(1, 2);
+        let ids = p.fill_to_min(now);
+        ready_all(&mut p, &ids, now);
+        assert!(p.checkout().is_some());
+        assert_eq!(p.enqueue(10, now), Some(2), "first waiter starts a worker");
+        assert_eq!(p.enqueue(11, now), None, "n_max reached");
+        assert_eq!(p.live(), 2);
+    }
+
+    #[test]
+    fn one_start_per_waiter_not_more() {
+        let (mut p, now) = pool(0, 5);
+        assert_eq!(p.enqueue(1, now), Some(1));
+        assert_eq!(p.enqueue(2, now), Some(2));
+        p.retain_waiters(|w| *w != 2);
+        assert_eq!(
+            p.enqueue(3, now),
+            None,
+            "two starting already cover two waiters"
+        );
+    }
+
+    #[test]
+    fn release_serves_waiters_in_fifo_order() {
+        let (mut p, now) = pool(1, 1);
+        let ids = p.fill_to_min(now);
+        ready_all(&mut p, &ids, now);
+        let w = p.checkout().unwrap();
+        p.enqueue(1, now);
+        p.enqueue(2, now);
+        assert!(matches!(p.release(w, now), Release::Handoff(1)));
+        assert!(matches!(p.release(w, now), Release::Handoff(2)));
+        assert!(matches!(p.release(w, now), Release::Idle));
+        assert_eq!(p.slot(w).unwrap().served, 3);
+    }
+
+    #[test]
+    fn prefers_most_recently_used_idle_worker() {
+        let (mut p, t0) = pool(3, 3);
+        let ids = p.fill_to_min(t0);
+        ready_all(&mut p, &ids, t0);
+        let t1 = t0 + Duration::from_secs(1);
+        p.release(2, t1);
+        assert_eq!(p.checkout(), Some(2));
+    }
+
+    #[test]
+    fn prune_keeps_n_min_and_spares_busy_and_recent() {
+        let (mut p, t0) = pool(1, 4);
+        for _ in 0..3 {
+            p.enqueue(0, t0);
+        }
+        assert_eq!(p.live(), 3);
+        p.drain_waiters();
+        ready_all(&mut p, &[1, 2, 3], t0);
+        let busy = p.checkout().unwrap();
+        let later = t0 + Duration::from_secs(10);
+        let stopped = p.prune(later, Duration::from_secs(5));
+        assert_eq!(stopped.len(), 2, "busy worker stays, others age out");
+        assert!(!stopped.contains(&busy));
+        assert_eq!(
+            p.prune(later, Duration::from_secs(5)),
+            Vec::<WorkerId>::new()
+        );
+        for id in stopped {
+            assert!(p.exited(id, later).is_empty(), "n_min still holds");
+        }
+        assert_eq!(p.live(), 1);
+    }
+
+    #[test]
+    fn prune_never_goes_below_n_min() {
+        let (mut p, t0) = pool(2, 2);
+        let ids = p.fill_to_min(t0);
+        ready_all(&mut p, &ids, t0);
+        assert!(p
+            .prune(t0 + Duration::from_secs(100), Duration::from_secs(1))
+            .is_empty());
+    }
+
+    #[test]
+    fn exit_is_replaced_to_keep_n_min_and_serve_waiters() {
+        let (mut p, now) = pool(1, 2);
+        let ids = p.fill_to_min(now);
+        ready_all(&mut p, &ids, now);
+        assert_eq!(p.exited(1, now), vec![2]);
+        let (mut p, now) = pool(0, 2);
+        p.enqueue(7, now);
+        assert_eq!(p.exited(1, now), vec![2], "a waiter still needs a worker");
+    }
+
+    #[test]
+    fn stopping_workers_take_nothing_and_release_reports_gone() {
+        let (mut p, now) = pool(1, 1);
+        let ids = p.fill_to_min(now);
+        ready_all(&mut p, &ids, now);
+        let w = p.checkout().unwrap();
+        p.enqueue(1, now);
+        assert_eq!(p.stop_all(), vec![w]);
+        assert!(matches!(p.release(w, now), Release::Gone));
+        assert_eq!(p.drain_waiters(), vec![1]);
+    }
+}

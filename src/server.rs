@@ -1,0 +1,76 @@
+//! The listener: accepts clients, serves HTTP/1.1 on each connection through
+//! the proxy, and on shutdown stops accepting, drains, then stops the workers.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
+
+use crate::proxy::Proxy;
+use crate::shutdown::Shutdown;
+use crate::supervisor::Supervisor;
+
+/// A client that has not sent a full request head by then is cut off.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Serves until `shutdown.drain` fires, then drains within `grace` (or until
+/// `shutdown.now`), then stops every worker.
+pub async fn run(listener: TcpListener, sup: Arc<Supervisor>, shutdown: Shutdown, grace: Duration) {
+    let proxy = Proxy::new(sup.clone());
+    let pruner = tokio::spawn(sup.clone().prune_loop(shutdown.drain.clone()));
+    let connections = TaskTracker::new();
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT);
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.drain.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let proxy = proxy.clone();
+        let service = service_fn(move |req| proxy.clone().handle(req, peer));
+        let conn = http.serve_connection(TokioIo::new(stream), service);
+        let drain = shutdown.drain.clone();
+        connections.spawn(async move {
+            tokio::pin!(conn);
+            // On drain, finish the request in flight (if any), then close.
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = drain.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, %peer, "client connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    let _ = pruner.await;
+    tokio::select! {
+        _ = async { connections.close(); connections.wait().await } => tracing::info!("all requests finished"),
+        _ = tokio::time::sleep(grace) => tracing::warn!(grace_s = grace.as_secs_f64(), "requests still running after --graceful-timeout; stopping anyway"),
+        _ = shutdown.now.cancelled() => {}
+    }
+    sup.shutdown().await;
+}
+
+/// The address to print for people: the bound one.
+pub fn display_addr(addr: SocketAddr) -> String {
+    format!("http://{addr}")
+}

@@ -1,0 +1,520 @@
+//! The pool's hands: carries out what `pool::Pool` decides with real worker
+//! processes (via `worker`), keeps each worker's idle connections, and hands out
+//! `Lease`s. A lease is one worker, busy for one request, until it is dropped.
+//!
+//! Locking: one `std::sync::Mutex` over the pool and the live workers, held for
+//! bookkeeping only and never across an `.await`.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use hyper::body::Incoming;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::pool::{Limits, Pool, Release, State, WorkerId};
+use crate::worker::{self, Conn, ReqBody, Spawner, Spec, StartError};
+
+/// How long a worker gets between SIGTERM and SIGKILL.
+const KILL_AFTER: Duration = Duration::from_secs(3);
+/// The first and the longest pause before restarting a worker that failed to start.
+const BACKOFF_FIRST: Duration = Duration::from_millis(250);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+type Waiter = oneshot::Sender<Lease>;
+
+/// Why no worker could be had.
+#[derive(Debug, thiserror::Error)]
+pub enum Unavailable {
+    #[error("valve is shutting down")]
+    ShuttingDown,
+}
+
+/// A worker process valve started and has not yet seen exit.
+struct Live {
+    pid: u32,
+    socket: Arc<Path>,
+    /// Open keep-alive connections to the worker's socket, ready for reuse.
+    conns: Vec<Conn>,
+}
+
+struct Inner {
+    pool: Pool<Waiter>,
+    live: HashMap<WorkerId, Live>,
+    closing: bool,
+    ever_ready: bool,
+    /// Workers in a row that exited before answering; drives the restart backoff.
+    failed_starts: u32,
+}
+
+impl Inner {
+    fn backoff(&self) -> Duration {
+        match self.failed_starts {
+            0 => Duration::ZERO,
+            n => BACKOFF_FIRST
+                .saturating_mul(1 << (n - 1).min(16))
+                .min(BACKOFF_MAX),
+        }
+    }
+}
+
+pub struct Supervisor {
+    spec: Spec,
+    spawner: Spawner,
+    start_timeout: Duration,
+    max_age: Duration,
+    check_unused: Duration,
+    inner: Mutex<Inner>,
+    tasks: TaskTracker,
+}
+
+/// A counted view of the pool, for logs.
+#[derive(Debug, Clone, Copy)]
+pub struct Counts {
+    pub starting: usize,
+    pub idle: usize,
+    pub busy: usize,
+    pub queued: usize,
+    pub n_max: usize,
+}
+
+impl Supervisor {
+    /// Must be called inside the tokio runtime. `port` is the port actually bound.
+    pub fn new(config: &Config, port: u16) -> std::io::Result<Arc<Self>> {
+        let spec = Spec::new(
+            config.r_bin.clone(),
+            config.app.clone(),
+            config.host.clone(),
+            port,
+        )?;
+        Ok(Arc::new(Supervisor {
+            spec,
+            spawner: Spawner::new()?,
+            start_timeout: config.start_timeout,
+            max_age: config.max_age,
+            check_unused: config.check_unused,
+            inner: Mutex::new(Inner {
+                pool: Pool::new(Limits {
+                    n_min: config.n_min,
+                    n_max: config.n_max,
+                }),
+                live: HashMap::new(),
+                closing: false,
+                ever_ready: false,
+                failed_starts: 0,
+            }),
+            tasks: TaskTracker::new(),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the pool half-updated in a
+        // way that matters more than stopping valve would, so keep serving.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn counts(&self) -> Counts {
+        let inner = self.lock();
+        counts(&inner.pool)
+    }
+
+    /// Starts `n_min` workers and waits until all of them answer. The first
+    /// failure is returned (with R's output); nothing is restarted before the
+    /// pool has been ready once.
+    pub async fn start(self: &Arc<Self>) -> Result<(), StartError> {
+        let ids = self.lock().pool.fill_to_min(Instant::now());
+        let mut reports = Vec::new();
+        for id in ids {
+            let (tx, rx) = oneshot::channel();
+            self.spawn_worker(id, Duration::ZERO, Some(tx));
+            reports.push(rx);
+        }
+        for rx in reports {
+            match rx.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    return Err(StartError::Io(std::io::Error::other(
+                        "worker task ended unexpectedly",
+                    )))
+                }
+            }
+        }
+        self.lock().ever_ready = true;
+        Ok(())
+    }
+
+    /// Takes a worker for one request: an idle one now, or the first to come free.
+    pub async fn acquire(self: &Arc<Self>) -> Result<Lease, Unavailable> {
+        let (rx, spawn) = {
+            let mut inner = self.lock();
+            if inner.closing {
+                return Err(Unavailable::ShuttingDown);
+            }
+            if let Some(id) = inner.pool.checkout() {
+                return Ok(self.lease(&mut inner, id));
+            }
+            let (tx, rx) = oneshot::channel();
+            let spawn = inner.pool.enqueue(tx, Instant::now());
+            let spawn = spawn.map(|id| (id, inner.backoff(), counts(&inner.pool)));
+            (rx, spawn)
+        };
+        if let Some((id, delay, c)) = spawn {
+            tracing::info!(
+                worker = id,
+                queued = c.queued,
+                live = c.starting + c.idle + c.busy,
+                n_max = c.n_max,
+                "starting worker: requests are waiting and the pool has room"
+            );
+            self.spawn_worker(id, delay, None);
+        }
+        rx.await.map_err(|_| Unavailable::ShuttingDown)
+    }
+
+    fn lease(self: &Arc<Self>, inner: &mut Inner, id: WorkerId) -> Lease {
+        let (conn, socket) = match inner.live.get_mut(&id) {
+            Some(live) => (live.conns.pop(), Some(live.socket.clone())),
+            None => (None, None),
+        };
+        Lease {
+            sup: self.clone(),
+            worker: id,
+            socket,
+            conn,
+            reusable: false,
+            armed: true,
+        }
+    }
+
+    /// Returns a worker after a request, with its connection if that can be reused,
+    /// and passes it on to the first waiter still waiting.
+    fn release(self: &Arc<Self>, id: WorkerId, conn: Option<Conn>) {
+        let mut inner = self.lock();
+        if let (Some(live), Some(conn)) = (inner.live.get_mut(&id), conn) {
+            live.conns.push(conn);
+        }
+        self.hand_on(&mut inner, id);
+    }
+
+    fn hand_on(self: &Arc<Self>, inner: &mut Inner, id: WorkerId) {
+        loop {
+            match inner.pool.release(id, Instant::now()) {
+                Release::Handoff(waiter) => {
+                    let lease = self.lease(inner, id);
+                    match waiter.send(lease) {
+                        Ok(()) => return,
+                        // That client left while it waited: put the connection back, try the next.
+                        Err(lease) => {
+                            if let (Some(live), Some(conn)) =
+                                (inner.live.get_mut(&id), lease.disarm())
+                            {
+                                live.conns.push(conn);
+                            }
+                        }
+                    }
+                }
+                Release::Idle | Release::Gone => return,
+            }
+        }
+    }
+
+    fn spawn_worker(
+        self: &Arc<Self>,
+        id: WorkerId,
+        delay: Duration,
+        report: Option<oneshot::Sender<Result<(), StartError>>>,
+    ) {
+        let this = self.clone();
+        self.tasks
+            .spawn(async move { this.run_worker(id, delay, report).await });
+    }
+
+    /// One worker's whole life: launch, wait until it answers, serve, exit.
+    async fn run_worker(
+        self: Arc<Self>,
+        id: WorkerId,
+        delay: Duration,
+        report: Option<oneshot::Sender<Result<(), StartError>>>,
+    ) {
+        if !delay.is_zero() {
+            tracing::warn!(
+                worker = id,
+                delay_ms = delay.as_millis() as u64,
+                "workers keep failing to start; waiting before the next try"
+            );
+            tokio::time::sleep(delay).await;
+        }
+        if self.lock().closing {
+            return;
+        }
+        let launched = Instant::now();
+        let mut process = match self.spawner.launch(&self.spec, id).await {
+            Ok(p) => p,
+            Err(e) => return self.start_failed(id, e, report),
+        };
+        let pid = process.pid;
+        {
+            let mut inner = self.lock();
+            let socket: Arc<Path> = Arc::from(process.socket.as_path());
+            inner.live.insert(
+                id,
+                Live {
+                    pid,
+                    socket,
+                    conns: Vec::new(),
+                },
+            );
+            if inner.closing {
+                worker::signal_group(pid, libc::SIGTERM);
+            }
+        }
+        match process.wait_ready(self.start_timeout).await {
+            Ok(conn) => {
+                tracing::info!(
+                    worker = id,
+                    pid,
+                    startup_ms = launched.elapsed().as_millis() as u64,
+                    "worker ready"
+                );
+                let mut inner = self.lock();
+                inner.failed_starts = 0;
+                if let Some(live) = inner.live.get_mut(&id) {
+                    live.conns.push(conn);
+                }
+                self.hand_on(&mut inner, id);
+                drop(inner);
+                if let Some(tx) = report {
+                    let _ = tx.send(Ok(()));
+                }
+            }
+            Err(e) => {
+                worker::signal_group(pid, libc::SIGKILL);
+                process.wait().await;
+                return self.start_failed(id, e, report);
+            }
+        }
+        let status = process.wait().await;
+        // Anything the worker started in its group goes with it.
+        worker::signal_group(pid, libc::SIGKILL);
+        self.exited(id, pid, &status);
+    }
+
+    fn start_failed(
+        self: &Arc<Self>,
+        id: WorkerId,
+        error: StartError,
+        report: Option<oneshot::Sender<Result<(), StartError>>>,
+    ) {
+        let mut inner = self.lock();
+        inner.live.remove(&id);
+        inner.failed_starts = inner.failed_starts.saturating_add(1);
+        let respawn = if inner.ever_ready && !inner.closing {
+            inner.pool.exited(id, Instant::now())
+        } else {
+            inner.pool.exited(id, Instant::now());
+            Vec::new()
+        };
+        let delay = inner.backoff();
+        drop(inner);
+        match report {
+            Some(tx) => {
+                let _ = tx.send(Err(error));
+            }
+            None => {
+                tracing::error!(worker = id, error = %error, output = ?error.tail(), "worker failed to start")
+            }
+        }
+        for id in respawn {
+            self.spawn_worker(id, delay, None);
+        }
+    }
+
+    fn exited(self: &Arc<Self>, id: WorkerId, pid: u32, status: &str) {
+        let mut inner = self.lock();
+        inner.live.remove(&id);
+        let stopping = inner
+            .pool
+            .slot(id)
+            .map(|s| s.state == State::Stopping)
+            .unwrap_or(true);
+        let respawn = inner.pool.exited(id, Instant::now());
+        let respawn = if inner.closing { Vec::new() } else { respawn };
+        let delay = inner.backoff();
+        drop(inner);
+        if stopping {
+            tracing::info!(worker = id, pid, status, "worker stopped");
+        } else {
+            tracing::warn!(worker = id, pid, status, "worker exited unexpectedly");
+        }
+        for new in respawn {
+            tracing::info!(
+                worker = new,
+                replaces = id,
+                "starting worker to replace one that exited"
+            );
+            self.spawn_worker(new, delay, None);
+        }
+    }
+
+    /// Asks one worker to stop: SIGTERM to its group now, SIGKILL if it lingers.
+    fn stop(&self, inner: &mut Inner, id: WorkerId) {
+        inner.pool.stop(id);
+        let Some(live) = inner.live.get_mut(&id) else {
+            return;
+        };
+        live.conns.clear();
+        let pid = live.pid;
+        worker::signal_group(pid, libc::SIGTERM);
+        tokio::spawn(async move {
+            tokio::time::sleep(KILL_AFTER).await;
+            // The group outlives the leader only if something in it ignored SIGTERM.
+            worker::signal_group(pid, libc::SIGKILL);
+        });
+    }
+
+    /// Every `check_unused`, stops workers idle for longer than `max_age`, keeping `n_min`.
+    pub async fn prune_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.check_unused);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let mut inner = self.lock();
+            let stale = inner.pool.prune(Instant::now(), self.max_age);
+            for id in &stale {
+                self.stop(&mut inner, *id);
+            }
+            let c = counts(&inner.pool);
+            drop(inner);
+            for id in stale {
+                tracing::info!(
+                    worker = id,
+                    idle_s = self.max_age.as_secs_f64(),
+                    left = c.starting + c.idle + c.busy,
+                    "stopping worker: unused for longer than --max-age"
+                );
+            }
+        }
+    }
+
+    /// Stops every worker and waits until all have exited (SIGKILL after a grace).
+    /// Requests still queued get `Unavailable::ShuttingDown`.
+    pub async fn shutdown(&self) {
+        let waiting = {
+            let mut inner = self.lock();
+            inner.closing = true;
+            let waiting = inner.pool.drain_waiters();
+            for id in inner.pool.stop_all() {
+                self.stop(&mut inner, id);
+            }
+            waiting
+        };
+        drop(waiting);
+        self.tasks.close();
+        if tokio::time::timeout(KILL_AFTER + Duration::from_secs(2), self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::error!("some workers did not exit after SIGKILL");
+        }
+    }
+}
+
+fn counts<W>(pool: &Pool<W>) -> Counts {
+    Counts {
+        starting: pool.count(State::Starting),
+        idle: pool.count(State::Idle),
+        busy: pool.count(State::Busy),
+        queued: pool.queue_len(),
+        n_max: pool.limits().n_max,
+    }
+}
+
+/// One worker, busy for one request. Dropping the lease returns the worker to
+/// the pool; its connection is kept only if the response was read to the end.
+pub struct Lease {
+    sup: Arc<Supervisor>,
+    worker: WorkerId,
+    socket: Option<Arc<Path>>,
+    conn: Option<Conn>,
+    reusable: bool,
+    armed: bool,
+}
+
+/// Why a request could not be passed to a worker.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("cannot connect to worker {0}: {1}")]
+    Connect(WorkerId, std::io::Error),
+    #[error("worker {0} failed to answer: {1}")]
+    Http(WorkerId, hyper::Error),
+    #[error("the exchange with the worker was cut short")]
+    Cancelled,
+}
+
+impl Lease {
+    pub fn worker(&self) -> WorkerId {
+        self.worker
+    }
+
+    /// Sends a request on the kept connection, or on a fresh one if that is gone.
+    pub async fn send(
+        &mut self,
+        req: http::Request<ReqBody>,
+    ) -> Result<http::Response<Incoming>, SendError> {
+        self.reusable = false;
+        let kept = match self.conn.take() {
+            Some(mut c) => c.ready().await.is_ok().then_some(c),
+            None => None,
+        };
+        let mut conn = match kept {
+            Some(c) => c,
+            None => {
+                let socket = self.socket.clone().ok_or_else(|| {
+                    SendError::Connect(self.worker, std::io::Error::other("worker is gone"))
+                })?;
+                let mut c = worker::connect(&socket)
+                    .await
+                    .map_err(|e| SendError::Connect(self.worker, e))?;
+                c.ready()
+                    .await
+                    .map_err(|e| SendError::Http(self.worker, e))?;
+                c
+            }
+        };
+        let result = conn.send_request(req).await;
+        self.conn = Some(conn);
+        result.map_err(|e| SendError::Http(self.worker, e))
+    }
+
+    /// The response was read to its end: the connection can serve the next request.
+    pub fn set_reusable(&mut self) {
+        self.reusable = true;
+    }
+
+    fn disarm(mut self) -> Option<Conn> {
+        self.armed = false;
+        self.conn.take()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.armed {
+            let conn = if self.reusable {
+                self.conn.take()
+            } else {
+                None
+            };
+            self.sup.release(self.worker, conn);
+        }
+    }
+}
