@@ -18,7 +18,7 @@ local({
   }
   for (pkg in c("plumber", "httpuv")) {
     if (!requireNamespace(pkg, quietly = TRUE)) {
-      fail(3, "the R package '", pkg, "' is not installed for R ", getRversion(),
+      fail(3, "the R package '", pkg, "' is not installed for R ", as.character(getRversion()),
            " (library paths: ", paste(.libPaths(), collapse = ", "), ")")
     }
   }

@@ -1,0 +1,209 @@
+//! valve's answers are plumber's answers: compared byte for byte with a plain
+//! plumber process on plumber's own example APIs and on a test API.
+
+use reqwest::{Method, StatusCode};
+
+use crate::harness::{client, fixture, plumber_example, Plumber, Valve};
+
+/// One request to send to both, and what to leave out of the comparison.
+struct Case {
+    method: Method,
+    path: &'static str,
+    headers: &'static [(&'static str, &'static str)],
+    body: Option<&'static [u8]>,
+    /// Answers that differ by design (random numbers, encrypted cookies).
+    ignore_body: bool,
+    /// Set-Cookie values that are encrypted with a random nonce: compare names only.
+    random_cookie: bool,
+}
+
+fn get(path: &'static str) -> Case {
+    Case { method: Method::GET, path, headers: &[], body: None, ignore_body: false, random_cookie: false }
+}
+
+fn post(path: &'static str, content_type: &'static str, body: &'static [u8]) -> Case {
+    let headers: &'static [(&'static str, &'static str)] = match content_type {
+        "json" => &[("content-type", "application/json")],
+        _ => &[("content-type", "application/x-www-form-urlencoded")],
+    };
+    Case { method: Method::POST, path, headers, body: Some(body), ignore_body: false, random_cookie: false }
+}
+
+/// A summary of an answer that must match: status, headers but `date`, bytes.
+async fn fetch(base: &str, case: &Case) -> (StatusCode, Vec<(String, String)>, String) {
+    let mut req = client().request(case.method.clone(), format!("{base}{}", case.path));
+    for (k, v) in case.headers {
+        req = req.header(*k, *v);
+    }
+    if let Some(body) = case.body {
+        req = req.body(body.to_vec());
+    }
+    let resp = req.send().await.unwrap_or_else(|e| panic!("{} {} to {base}: {e}", case.method, case.path));
+    let status = resp.status();
+    let mut headers: Vec<(String, String)> = resp
+        .headers()
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "date" | "connection" | "keep-alive"))
+        .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).to_string()))
+        .collect();
+    if case.random_cookie {
+        for (k, v) in headers.iter_mut() {
+            if k == "set-cookie" {
+                *v = v.split('=').next().unwrap_or_default().to_string();
+            }
+        }
+    }
+    let body = resp.bytes().await.unwrap().to_vec();
+    if case.ignore_body {
+        headers.retain(|(k, _)| k != "set-cookie" && k != "content-length");
+        return (status, headers, String::new());
+    }
+    (status, headers, describe(&body))
+}
+
+/// Bytes as text when they are text, else as a length and a checksum (short assertion messages).
+fn describe(body: &[u8]) -> String {
+    match std::str::from_utf8(body) {
+        Ok(text) if text.len() < 2000 => text.to_string(),
+        _ => {
+            let sum = body.iter().fold(0u64, |h, b| h.wrapping_mul(1_099_511_628_211).wrapping_add(u64::from(*b)));
+            format!("{} bytes, checksum {sum:x}", body.len())
+        }
+    }
+}
+
+async fn compare(api: &std::path::Path, cases: &[Case]) {
+    let plumber = Plumber::start(api);
+    let valve = Valve::start(&["-f", api.to_str().unwrap()]);
+    for case in cases {
+        let direct = fetch(&plumber.url, case).await;
+        let proxied = fetch(&valve.url, case).await;
+        assert_eq!(proxied, direct, "{} {} differs through valve ({})", case.method, case.path, api.display());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn test_api_answers_match_plain_plumber() {
+    compare(
+        &fixture("api.R"),
+        &[
+            get("/cookies"),
+            get("/bytes"),
+            get("/error"),
+            get("/no/such/route"),
+            get("/relative"),
+            post("/form", "form", b"name=ada&n=21"),
+            post("/form", "json", br#"{"name":"ada","n":21}"#),
+            Case { method: Method::HEAD, ..get("/bytes") },
+            Case { method: Method::DELETE, ..get("/pid") },
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plumber_examples_answer_as_without_valve() {
+    compare(
+        &plumber_example("01-append"),
+        &[post("/append", "json", br#"{"val": 42}"#), get("/tail?n=1"), get("/graph")],
+    )
+    .await;
+    compare(&plumber_example("02-filters"), &[get("/about"), get("/me"), get("/me?username=kim"), get("/me?username=nobody")]).await;
+    compare(
+        &plumber_example("05-static"),
+        &[get("/"), get("/a.html"), get("/static/b.txt"), get("/static/missing.txt")],
+    )
+    .await;
+    compare(
+        &plumber_example("06-sessions"),
+        &[
+            Case { headers: &[("cookie", "visitcounter=3")], ..get("/counter") },
+            Case { ignore_body: true, ..get("/sessionCounter") },
+            get("/iframe.html"),
+        ],
+    )
+    .await;
+    // The PDF embeds its creation time, so only its status and headers can match.
+    compare(&plumber_example("09-content-type"), &[Case { ignore_body: true, ..get("/pdf") }, get("/text"), get("/html"), get("/download-binary")]).await;
+    compare(&plumber_example("10-welcome"), &[get("/")]).await;
+    compare(&plumber_example("12-entrypoint"), &[Case { random_cookie: true, ..get("/counter") }]).await;
+    compare(&plumber_example("16-attachment"), &[get("/name"), get("/no_name"), get("/inline")]).await;
+    compare(
+        &plumber_example("17-arguments"),
+        &[post("/good-practice/1/2?c=3", "form", b"d=4"), post("/bad-practice/1/2", "form", b"")],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_and_several_cookies_survive_the_trip() {
+    let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap()]);
+    let resp = client().get(valve.get("/cookies")).send().await.unwrap();
+    let cookies: Vec<_> = resp.headers().get_all("set-cookie").iter().map(|v| v.to_str().unwrap().to_string()).collect();
+    assert_eq!(cookies.len(), 2, "both Set-Cookie headers arrive: {cookies:?}");
+    assert!(cookies[0].starts_with("first=1") && cookies[1].starts_with("second=two"), "{cookies:?}");
+
+    let api = plumber_example("06-sessions");
+    let valve = Valve::start(&["-f", api.to_str().unwrap(), "-n", "2", "--n-min", "2"]);
+    let c = client();
+    let first = c.get(valve.get("/sessionCounter")).send().await.unwrap();
+    let cookie = first.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_string();
+    assert_eq!(first.text().await.unwrap(), r#"["This is visit #0"]"#);
+    let second = c.get(valve.get("/sessionCounter")).header("cookie", cookie).send().await.unwrap();
+    assert_eq!(second.text().await.unwrap(), r#"["This is visit #1"]"#, "the encrypted session cookie round-trips");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forwards_client_address_and_appends_to_x_forwarded_for() {
+    let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap()]);
+    let seen: serde_json::Value = client()
+        .get(valve.get("/headers"))
+        .header("x-forwarded-for", "203.0.113.7")
+        .header("connection", "keep-alive, x-secret")
+        .header("x-secret", "hop-by-hop")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(seen["HTTP_X_FORWARDED_FOR"][0], "203.0.113.7, 127.0.0.1");
+    assert_eq!(seen["HTTP_X_FORWARDED_PROTO"][0], "http");
+    assert_eq!(seen["HTTP_X_FORWARDED_HOST"][0], valve.url.trim_start_matches("http://"));
+    assert!(seen.get("HTTP_X_SECRET").is_none(), "headers named in Connection are not forwarded: {seen}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn large_and_chunked_bodies_arrive_whole() {
+    let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap()]);
+    let big = vec![b'x'; 8 * 1024 * 1024];
+    let seen: serde_json::Value =
+        client().post(valve.get("/size")).body(big).send().await.unwrap().json().await.unwrap();
+    assert_eq!(seen["bytes"][0], 8 * 1024 * 1024);
+    let chunks = futures::stream::iter((0..64).map(|_| Ok::<_, std::io::Error>(vec![b'y'; 1000])));
+    let seen: serde_json::Value = client()
+        .post(valve.get("/size"))
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(seen["bytes"][0], 64_000, "a chunked upload arrives whole");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn root_redirects_to_docs_unless_the_api_has_its_own() {
+    let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap()]);
+    let resp = client().get(valve.get("/")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::TEMPORARY_REDIRECT);
+    assert_eq!(resp.headers()["location"], "/__docs__/");
+    let docs = client().get(valve.get("/__docs__/")).send().await.unwrap();
+    assert_eq!(docs.status(), StatusCode::OK);
+    assert!(docs.text().await.unwrap().contains("<html"), "plumber's docs are served");
+
+    let welcome = Valve::start(&["-f", plumber_example("10-welcome").to_str().unwrap()]);
+    let resp = client().get(welcome.get("/")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "the API's own / route wins");
+}

@@ -1,0 +1,267 @@
+//! Starts the real `valve` binary (and plain plumber processes to compare with),
+//! waits for readiness against named deadlines, and cleans up when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const START_DEADLINE: Duration = Duration::from_secs(60);
+
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+pub fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/plumber.R")
+}
+
+/// Plumber's own example APIs, as installed with the R package.
+pub fn plumber_example(name: &str) -> PathBuf {
+    let out = Command::new("Rscript")
+        .args(["-e", "cat(system.file('plumber', package = 'plumber'))"])
+        .output()
+        .expect("Rscript runs (install r-base-core r-cran-plumber)");
+    let root = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(!root.is_empty(), "plumber is installed");
+    Path::new(&root).join(name)
+}
+
+/// Polls `cond` every 20 ms until it holds or `deadline` passes.
+pub fn wait_until(what: &str, deadline: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < deadline, "timed out after {deadline:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn pid_alive(pid: u32) -> bool {
+    // A zombie still has a /proc entry; it is dead for our purposes.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !matches!(stat.rsplit(')').next().and_then(|s| s.split_whitespace().next()), Some("Z")),
+        Err(_) => false,
+    }
+}
+
+/// The direct children of a process.
+pub fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for task in tasks.flatten() {
+            if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+                out.extend(list.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out.retain(|p| pid_alive(*p));
+    out
+}
+
+/// A running valve with its output captured.
+pub struct Valve {
+    child: Child,
+    pub url: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+/// How a valve that was expected to fail ended.
+pub struct Failed {
+    pub status: ExitStatus,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+fn spawn(args: &[&str], envs: &[(&str, &str)]) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_valve"));
+    cmd.args(args)
+        .env("VALVE_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("valve binary starts")
+}
+
+fn capture(stream: impl std::io::Read + Send + 'static, prefix: &'static str, log: Arc<Mutex<Vec<String>>>, ready: Option<std::sync::mpsc::Sender<String>>) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            eprintln!("[{prefix}] {line}");
+            if let Some(tx) = &ready {
+                let _ = tx.send(line.clone());
+            }
+            log.lock().unwrap().push(line);
+        }
+    });
+}
+
+impl Valve {
+    /// Starts valve on a free port with `args` and waits until it says it serves.
+    pub fn start(args: &[&str]) -> Valve {
+        Self::start_with_env(args, &[])
+    }
+
+    pub fn start_with_env(args: &[&str], envs: &[(&str, &str)]) -> Valve {
+        let mut full = vec!["--port", "0"];
+        full.extend_from_slice(args);
+        let mut child = spawn(&full, envs);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        capture(child.stdout.take().unwrap(), "valve stdout", log.clone(), Some(tx));
+        capture(child.stderr.take().unwrap(), "valve", log.clone(), None);
+        let start = Instant::now();
+        loop {
+            let left = START_DEADLINE.checked_sub(start.elapsed()).unwrap_or_default();
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(rest) = line.split(" on http://").nth(1) {
+                        let addr = rest.split_whitespace().next().unwrap();
+                        return Valve { child, url: format!("http://{addr}"), log };
+                    }
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("valve did not report ready within {START_DEADLINE:?}; log:\n{}", log.lock().unwrap().join("\n"));
+                }
+            }
+        }
+    }
+
+    /// Runs valve expecting it to exit on its own (bad flags, a broken API).
+    pub fn run_to_exit(args: &[&str], deadline: Duration) -> Failed {
+        let start = Instant::now();
+        let mut child = spawn(args, &[]);
+        capture(child.stdout.take().unwrap(), "valve stdout", Arc::new(Mutex::new(Vec::new())), None);
+        let stderr = child.stderr.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut s);
+            s
+        });
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                let stderr = reader.join().unwrap();
+                eprintln!("[valve stderr] {stderr}");
+                return Failed { status, stderr, elapsed: start.elapsed() };
+            }
+            if start.elapsed() > deadline {
+                let _ = child.kill();
+                panic!("valve did not exit within {deadline:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The R worker processes valve runs now.
+    pub fn workers(&self) -> Vec<u32> {
+        children(self.pid())
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    pub fn wait_for_log(&self, needle: &str, deadline: Duration) {
+        wait_until(&format!("log line containing {needle:?}"), deadline, || self.log().contains(needle));
+    }
+
+    pub fn signal(&self, sig: libc::c_int) {
+        unsafe {
+            libc::kill(self.pid() as i32, sig);
+        }
+    }
+
+    /// Waits for valve to exit (after a signal) and returns its status.
+    pub fn wait_exit(&mut self, deadline: Duration) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(start.elapsed() < deadline, "valve did not exit within {deadline:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn get(&self, path: &str) -> String {
+        format!("{}{}", self.url, path)
+    }
+}
+
+impl Drop for Valve {
+    fn drop(&mut self) {
+        // SIGKILL on purpose: the workers must follow through their parent-death signal.
+        unsafe {
+            libc::kill(-(self.child.id() as i32), libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// A plain plumber process on a TCP port: what valve is compared against.
+pub struct Plumber {
+    child: Child,
+    pub url: String,
+}
+
+impl Plumber {
+    /// `target` is a plumber file, or a directory for `plumb(dir = )`.
+    pub fn start(target: &Path) -> Plumber {
+        let port = free_port();
+        let expr = if target.is_dir() {
+            format!("library(plumber); pr_run(plumb(dir = '{}'), port = {port}, quiet = TRUE)", target.display())
+        } else {
+            format!("library(plumber); pr_run(pr('{}'), port = {port}, quiet = TRUE)", target.display())
+        };
+        let workdir = if target.is_dir() { target.to_path_buf() } else { target.parent().unwrap().to_path_buf() };
+        let child = Command::new("Rscript")
+            .args(["-e", &expr])
+            .current_dir(workdir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .process_group(0)
+            .spawn()
+            .expect("Rscript starts");
+        let url = format!("http://127.0.0.1:{port}");
+        wait_until("plain plumber to listen", START_DEADLINE, || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+        Plumber { child, url }
+    }
+}
+
+impl Drop for Plumber {
+    fn drop(&mut self) {
+        unsafe {
+            libc::kill(-(self.child.id() as i32), libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A client that neither follows redirects nor keeps cookies, and opens a fresh
+/// connection per request (keep-alive to plain httpuv stalls 40 ms a request).
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}

@@ -1,0 +1,117 @@
+//! Starting and stopping: bad flags and broken APIs fail fast with a clear
+//! message, and no R process outlives valve, however valve ends.
+
+use std::time::Duration;
+
+use crate::harness::{client, example, fixture, pid_alive, wait_until, Valve};
+
+fn processes_with_env(needle: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(env) = std::fs::read(entry.path().join("environ")) {
+            if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) && pid_alive(pid) {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn n_min_above_n_max_is_one_line_and_exit_2() {
+    let out = Valve::run_to_exit(&["-f", example().to_str().unwrap(), "--n-min", "5", "-n", "2", "--port", "0"], Duration::from_secs(10));
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.stderr.trim(), "valve: error: --n-min 5 is above --n-max 2: raise --n-max or lower --n-min");
+}
+
+#[test]
+fn missing_file_is_one_line_and_exit_2() {
+    let out = Valve::run_to_exit(&["-f", "/nonexistent/plumber.R", "--port", "0"], Duration::from_secs(10));
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
+    assert!(out.stderr.contains("API file not found: /nonexistent/plumber.R"), "{}", out.stderr);
+}
+
+#[test]
+fn an_api_that_fails_to_load_exits_with_rs_message_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = dir.path().join("plumber.R");
+    std::fs::copy(fixture("broken.R"), &api).unwrap();
+    let out = Valve::run_to_exit(&["-f", api.to_str().unwrap(), "-n", "2", "--n-min", "2", "--port", "0"], Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stderr.contains("the API could not start"), "{}", out.stderr);
+    assert!(out.stderr.contains("unexpected"), "R's own parse error is shown: {}", out.stderr);
+    assert!(out.stderr.contains("hint: "), "{}", out.stderr);
+    assert!(out.elapsed < Duration::from_secs(15), "no restart loop: took {:?}", out.elapsed);
+    let leftover = processes_with_env(&format!("VALVE_APP={}", api.display()));
+    assert!(leftover.is_empty(), "R processes left behind: {leftover:?}");
+}
+
+#[test]
+fn missing_r_says_how_to_install_it() {
+    let out = Valve::run_to_exit(&["-f", example().to_str().unwrap(), "--r-bin", "/nonexistent/R", "--port", "0"], Duration::from_secs(10));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stderr.contains("cannot run R (/nonexistent/R): not found"), "{}", out.stderr);
+    assert!(out.stderr.contains("apt-get install r-base-core r-cran-plumber"), "{}", out.stderr);
+}
+
+#[test]
+fn missing_plumber_package_says_how_to_install_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("lib");
+    std::fs::create_dir(&empty).unwrap();
+    let wrapper = dir.path().join("R");
+    let script = format!(
+        "#!/bin/sh\nexec env R_LIBS_SITE={0} R_LIBS_USER={0} R_LIBS={0} R \"$@\"\n",
+        empty.display()
+    );
+    std::fs::write(&wrapper, script).unwrap();
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = Valve::run_to_exit(
+        &["-f", example().to_str().unwrap(), "--r-bin", wrapper.to_str().unwrap(), "--port", "0"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stderr.contains("the R package 'plumber' is not installed"), "{}", out.stderr);
+    assert!(out.stderr.contains("apt-get install r-base-core r-cran-plumber"), "{}", out.stderr);
+}
+
+#[test]
+fn a_port_in_use_is_refused_clearly() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let out = Valve::run_to_exit(&["-f", example().to_str().unwrap(), "--port", &port], Duration::from_secs(10));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stderr.contains(&format!("cannot listen on 127.0.0.1:{port}")), "{}", out.stderr);
+    assert!(out.stderr.contains("pick another --port"), "{}", out.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_drains_in_flight_requests_then_stops_every_worker() {
+    let mut valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "-n", "2", "--n-min", "2"]);
+    let workers = valve.workers();
+    assert_eq!(workers.len(), 2);
+    let in_flight = tokio::spawn({
+        let url = valve.get("/sleep?zzz=1");
+        async move { client().get(url).send().await.map(|r| r.status().as_u16()) }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    valve.signal(libc::SIGTERM);
+    assert_eq!(in_flight.await.unwrap().unwrap(), 200, "the request in flight finished");
+    let status = valve.wait_exit(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(0), "a clean drain exits 0");
+    for pid in workers {
+        assert!(!pid_alive(pid), "worker {pid} outlived valve");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_of_valve_takes_the_workers_with_it() {
+    let mut valve = Valve::start(&["-f", example().to_str().unwrap(), "-n", "3", "--n-min", "3"]);
+    let workers = valve.workers();
+    assert_eq!(workers.len(), 3);
+    valve.signal(libc::SIGKILL);
+    valve.wait_exit(Duration::from_secs(5));
+    wait_until("workers to die with valve", Duration::from_secs(5), || workers.iter().all(|p| !pid_alive(*p)));
+}
