@@ -19,12 +19,7 @@ use clap::Parser;
 #[command(name = "valve", version, max_term_width = 100)]
 pub struct Args {
     /// The plumber API: a file, or a directory holding entrypoint.R or plumber.R.
-    #[arg(
-        short = 'f',
-        long = "file",
-        env = "VALVE_FILE",
-        default_value = "plumber.R"
-    )]
+    #[arg(short = 'f', long = "file", env = "VALVE_FILE", default_value = "plumber.R")]
     pub file: PathBuf,
 
     /// Address to listen on.
@@ -48,49 +43,52 @@ pub struct Args {
     pub n_min: usize,
 
     /// Seconds between checks for unused workers.
-    #[arg(
-        long = "check-unused",
-        env = "VALVE_CHECK_UNUSED",
-        default_value = "10",
-        value_name = "SECONDS"
-    )]
+    #[arg(long = "check-unused", env = "VALVE_CHECK_UNUSED", default_value = "10", value_name = "SECONDS")]
     pub check_unused: String,
 
     /// Seconds a worker may sit unused before it is stopped (never below --n-min).
-    #[arg(
-        long = "max-age",
-        env = "VALVE_MAX_AGE",
-        default_value = "300",
-        value_name = "SECONDS"
-    )]
+    #[arg(long = "max-age", env = "VALVE_MAX_AGE", default_value = "300", value_name = "SECONDS")]
     pub max_age: String,
 
     /// The R executable that runs workers.
-    #[arg(
-        long = "r-bin",
-        env = "VALVE_R_BIN",
-        default_value = "R",
-        value_name = "PATH"
-    )]
+    #[arg(long = "r-bin", env = "VALVE_R_BIN", default_value = "R", value_name = "PATH")]
     pub r_bin: PathBuf,
 
     /// Seconds a new worker may take to load the API and answer before it is given up on.
-    #[arg(
-        long = "start-timeout",
-        env = "VALVE_START_TIMEOUT",
-        default_value = "120",
-        value_name = "SECONDS"
-    )]
+    #[arg(long = "start-timeout", env = "VALVE_START_TIMEOUT", default_value = "120", value_name = "SECONDS")]
     pub start_timeout: String,
 
-    /// Seconds in-flight requests get to finish on SIGTERM or SIGINT before workers are stopped.
-    #[arg(
-        long = "graceful-timeout",
-        env = "VALVE_GRACEFUL_TIMEOUT",
-        default_value = "30",
-        value_name = "SECONDS"
-    )]
+    /// Seconds in-flight and queued requests get to finish on SIGTERM or SIGINT before workers are stopped.
+    #[arg(long = "graceful-timeout", env = "VALVE_GRACEFUL_TIMEOUT", default_value = "30", value_name = "SECONDS")]
     pub graceful_timeout: String,
+
+    /// Seconds a worker may take to answer a request before the client gets 504 and the worker is replaced (0: no limit).
+    #[arg(long = "request-timeout", env = "VALVE_REQUEST_TIMEOUT", default_value = "300", value_name = "SECONDS")]
+    pub request_timeout: String,
+
+    /// Most requests waiting for a worker; more are answered 503 at once.
+    #[arg(long = "queue-size", env = "VALVE_QUEUE_SIZE", default_value_t = 1000, value_name = "N")]
+    pub queue_size: usize,
+
+    /// Longest wait for a worker, in seconds, before the client gets 503.
+    #[arg(long = "queue-timeout", env = "VALVE_QUEUE_TIMEOUT", default_value = "60", value_name = "SECONDS")]
+    pub queue_timeout: String,
+
+    /// Largest request body accepted (e.g. 512KB, 10MB, 1GB); larger ones get 413.
+    #[arg(long = "max-body-size", env = "VALVE_MAX_BODY_SIZE", default_value = "100MB", value_name = "SIZE")]
+    pub max_body_size: String,
+
+    /// Replace a worker after about N requests (each worker gets up to 10% more, so they don't all restart together; 0: never).
+    #[arg(long = "max-requests", env = "VALVE_MAX_REQUESTS", default_value_t = 0, value_name = "N")]
+    pub max_requests: u64,
+
+    /// Replace a worker after its current request once its memory (RSS) passes SIZE (e.g. 500MB).
+    #[arg(long = "max-worker-memory", env = "VALVE_MAX_WORKER_MEMORY", value_name = "SIZE")]
+    pub max_worker_memory: Option<String>,
+
+    /// Seconds a client gets to send a request's headers before it is cut off.
+    #[arg(long = "header-timeout", env = "VALVE_HEADER_TIMEOUT", default_value = "30", value_name = "SECONDS")]
+    pub header_timeout: String,
 }
 
 /// What valve serves.
@@ -133,6 +131,16 @@ pub struct Config {
     pub r_bin: PathBuf,
     pub start_timeout: Duration,
     pub graceful_timeout: Duration,
+    /// `None`: no limit.
+    pub request_timeout: Option<Duration>,
+    pub queue_size: usize,
+    pub queue_timeout: Duration,
+    pub max_body_size: u64,
+    /// `None`: never recycle by count.
+    pub max_requests: Option<u64>,
+    /// `None`: never recycle by memory. In bytes.
+    pub max_worker_memory: Option<u64>,
+    pub header_timeout: Duration,
 }
 
 /// Why a configuration was refused. Each message names the value and what to try.
@@ -142,9 +150,7 @@ pub enum ConfigError {
     NotFound(String),
     #[error("cannot read API file {path}: {reason}")]
     Unreadable { path: String, reason: String },
-    #[error(
-        "directory {0} holds neither entrypoint.R nor plumber.R (pass the API file itself with -f)"
-    )]
+    #[error("directory {0} holds neither entrypoint.R nor plumber.R (pass the API file itself with -f)")]
     EmptyDir(String),
     #[error("--n-min {n_min} is above --n-max {n_max}: raise --n-max or lower --n-min")]
     MinAboveMax { n_min: usize, n_max: usize },
@@ -154,13 +160,37 @@ pub enum ConfigError {
     ZeroThreads,
     #[error("{flag} {value:?} is not a number of seconds (try {flag} 10 or {flag} 0.5)")]
     BadSeconds { flag: &'static str, value: String },
+    #[error("{flag} {value:?} is not a size (try {flag} 512KB, 10MB or 1GB)")]
+    BadSize { flag: &'static str, value: String },
+    #[error("--queue-size must be at least 1")]
+    ZeroQueue,
+}
+
+/// Parses `512KB`, `10MB`, `1GB`, `1.5GB`, `2048` (bytes). Units are powers of
+/// 1024, as R's `object.size` and most servers' limits count them.
+pub fn parse_size(flag: &'static str, value: &str) -> Result<u64, ConfigError> {
+    let bad = || ConfigError::BadSize { flag, value: value.to_string() };
+    let v = value.trim().to_ascii_uppercase();
+    let split = v.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(v.len());
+    let (num, unit) = v.split_at(split);
+    let num: f64 = num.parse().map_err(|_| bad())?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        "G" | "GB" | "GIB" => 1 << 30,
+        "T" | "TB" | "TIB" => 1 << 40,
+        _ => return Err(bad()),
+    };
+    let bytes = num * mult as f64;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
+        return Err(bad());
+    }
+    Ok(bytes as u64)
 }
 
 fn seconds(flag: &'static str, value: &str, allow_zero: bool) -> Result<Duration, ConfigError> {
-    let bad = || ConfigError::BadSeconds {
-        flag,
-        value: value.to_string(),
-    };
+    let bad = || ConfigError::BadSeconds { flag, value: value.to_string() };
     let secs: f64 = value.trim().parse().map_err(|_| bad())?;
     if !secs.is_finite() || secs < 0.0 || (!allow_zero && secs == 0.0) || secs > 1e9 {
         return Err(bad());
@@ -173,15 +203,10 @@ fn resolve_app(path: &Path) -> Result<App, ConfigError> {
     let shown = path.display().to_string();
     let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => ConfigError::NotFound(shown.clone()),
-        _ => ConfigError::Unreadable {
-            path: shown.clone(),
-            reason: e.to_string(),
-        },
+        _ => ConfigError::Unreadable { path: shown.clone(), reason: e.to_string() },
     })?;
-    let abs = std::fs::canonicalize(path).map_err(|e| ConfigError::Unreadable {
-        path: shown.clone(),
-        reason: e.to_string(),
-    })?;
+    let abs = std::fs::canonicalize(path)
+        .map_err(|e| ConfigError::Unreadable { path: shown.clone(), reason: e.to_string() })?;
     let (app, file) = if meta.is_dir() {
         let file = ["entrypoint.R", "plumber.R"]
             .iter()
@@ -208,19 +233,31 @@ impl Args {
             return Err(ConfigError::ZeroMax);
         }
         if self.n_min > self.n_max {
-            return Err(ConfigError::MinAboveMax {
-                n_min: self.n_min,
-                n_max: self.n_max,
-            });
+            return Err(ConfigError::MinAboveMax { n_min: self.n_min, n_max: self.n_max });
         }
         if self.workers == 0 {
             return Err(ConfigError::ZeroThreads);
         }
+        if self.queue_size == 0 {
+            return Err(ConfigError::ZeroQueue);
+        }
+        let request_timeout = seconds("--request-timeout", &self.request_timeout, true)?;
         Ok(Config {
             check_unused: seconds("--check-unused", &self.check_unused, false)?,
             max_age: seconds("--max-age", &self.max_age, true)?,
             start_timeout: seconds("--start-timeout", &self.start_timeout, false)?,
             graceful_timeout: seconds("--graceful-timeout", &self.graceful_timeout, true)?,
+            request_timeout: (!request_timeout.is_zero()).then_some(request_timeout),
+            queue_size: self.queue_size,
+            queue_timeout: seconds("--queue-timeout", &self.queue_timeout, false)?,
+            max_body_size: parse_size("--max-body-size", &self.max_body_size)?,
+            max_requests: (self.max_requests > 0).then_some(self.max_requests),
+            max_worker_memory: self
+                .max_worker_memory
+                .as_deref()
+                .map(|v| parse_size("--max-worker-memory", v))
+                .transpose()?,
+            header_timeout: seconds("--header-timeout", &self.header_timeout, false)?,
             app: resolve_app(&self.file)?,
             host: self.host,
             port: self.port,
@@ -246,10 +283,7 @@ mod tests {
     fn defaults_match_the_reference_tool() {
         let a = args(&[]);
         assert_eq!(a.file, PathBuf::from("plumber.R"));
-        assert_eq!(
-            (a.host.as_str(), a.port, a.workers, a.n_max, a.n_min),
-            ("127.0.0.1", 3000, 3, 3, 1)
-        );
+        assert_eq!((a.host.as_str(), a.port, a.workers, a.n_max, a.n_min), ("127.0.0.1", 3000, 3, 3, 1));
         assert_eq!((a.check_unused.as_str(), a.max_age.as_str()), ("10", "300"));
     }
 
@@ -258,46 +292,54 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("plumber.R");
         std::fs::write(&f, "").unwrap();
-        let err = args(&["-f", f.to_str().unwrap(), "--n-min", "5", "-n", "2"])
-            .into_config()
-            .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "--n-min 5 is above --n-max 2: raise --n-max or lower --n-min"
-        );
+        let err = args(&["-f", f.to_str().unwrap(), "--n-min", "5", "-n", "2"]).into_config().unwrap_err();
+        assert_eq!(err.to_string(), "--n-min 5 is above --n-max 2: raise --n-max or lower --n-min");
     }
 
     #[test]
     fn resolves_directories_like_plumb_dir() {
         let dir = tempfile::tempdir().unwrap();
-        let err = args(&["-f", dir.path().to_str().unwrap()])
-            .into_config()
-            .unwrap_err();
+        let err = args(&["-f", dir.path().to_str().unwrap()]).into_config().unwrap_err();
         assert!(matches!(err, ConfigError::EmptyDir(_)));
         std::fs::write(dir.path().join("plumber.R"), "").unwrap();
-        let c = args(&["-f", dir.path().to_str().unwrap()])
-            .into_config()
-            .unwrap();
+        let c = args(&["-f", dir.path().to_str().unwrap()]).into_config().unwrap();
         assert!(matches!(c.app, App::PlumberDir(_)));
         assert_eq!(c.app.workdir(), std::fs::canonicalize(dir.path()).unwrap());
     }
 
     #[test]
+    fn sizes_read_like_people_write_them() {
+        assert_eq!(parse_size("--max-body-size", "512KB").unwrap(), 512 * 1024);
+        assert_eq!(parse_size("--max-body-size", "10MB").unwrap(), 10 << 20);
+        assert_eq!(parse_size("--max-body-size", "1gb").unwrap(), 1 << 30);
+        assert_eq!(parse_size("--max-body-size", "1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_size("--max-body-size", "2048").unwrap(), 2048);
+        let err = parse_size("--max-body-size", "lots").unwrap_err();
+        assert_eq!(err.to_string(), "--max-body-size \"lots\" is not a size (try --max-body-size 512KB, 10MB or 1GB)");
+        assert!(parse_size("--max-body-size", "10XB").is_err());
+        assert!(parse_size("--max-body-size", "0").is_err());
+    }
+
+    #[test]
+    fn zero_disables_request_timeout_and_recycling() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("plumber.R");
+        std::fs::write(&f, "").unwrap();
+        let c = args(&["-f", f.to_str().unwrap(), "--request-timeout", "0"]).into_config().unwrap();
+        assert_eq!((c.request_timeout, c.max_requests, c.max_worker_memory), (None, None, None));
+        assert_eq!(c.max_body_size, 100 << 20);
+    }
+
+    #[test]
     fn missing_file_and_bad_seconds_say_what_and_where() {
-        let err = args(&["-f", "/nonexistent/api.R"])
-            .into_config()
-            .unwrap_err();
+        let err = args(&["-f", "/nonexistent/api.R"]).into_config().unwrap_err();
         assert!(err.to_string().contains("/nonexistent/api.R"));
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("plumber.R");
         std::fs::write(&f, "").unwrap();
-        let err = args(&["-f", f.to_str().unwrap(), "--max-age", "soon"])
-            .into_config()
-            .unwrap_err();
+        let err = args(&["-f", f.to_str().unwrap(), "--max-age", "soon"]).into_config().unwrap_err();
         assert!(err.to_string().contains("--max-age \"soon\""));
-        let c = args(&["-f", f.to_str().unwrap(), "--check-unused", "0.5"])
-            .into_config()
-            .unwrap();
+        let c = args(&["-f", f.to_str().unwrap(), "--check-unused", "0.5"]).into_config().unwrap();
         assert_eq!(c.check_unused, Duration::from_millis(500));
     }
 }

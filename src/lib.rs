@@ -1,6 +1,7 @@
 //! valve: one port in front of a pool of R worker processes running a plumber API.
 //!
 //! Module map (see ARCHITECTURE.md for the invariants between them):
+//! - `body`: the request body sent to workers, with the body-size limit.
 //! - `config`: flags and `VALVE_*` variables in, a checked `Config` out.
 //! - `pool`: worker states, the wait queue and scaling decisions; pure logic.
 //! - `worker`: starting, reaching, watching and signalling one R process.
@@ -9,6 +10,7 @@
 //! - `server`: the listener, connection handling and the drain on shutdown.
 //! - `shutdown`: the signals that stop valve, fanned out as tokens.
 
+pub mod body;
 pub mod config;
 pub mod pool;
 pub mod proxy;

@@ -1,5 +1,6 @@
 //! The `valve` command: flags in, exit code out. Exit codes are decided here only:
-//! 0 after a clean stop, 1 when valve or the API could not start, 2 for bad flags.
+//! 0 after a clean stop, 1 when valve or the API could not start (or requests
+//! were cut off at shutdown), 2 for bad flags.
 
 use std::process::ExitCode;
 
@@ -7,6 +8,7 @@ use clap::Parser;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 use valve::config::{Args, Config};
+use valve::server::Drained;
 use valve::shutdown::Shutdown;
 use valve::supervisor::Supervisor;
 use valve::worker::StartError;
@@ -23,9 +25,7 @@ fn main() -> ExitCode {
         }
     };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("VALVE_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-        )
+        .with_env_filter(EnvFilter::try_from_env("VALVE_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
@@ -54,18 +54,11 @@ async fn run(config: Config) -> ExitCode {
         Ok(l) => l,
         Err(e) => {
             let hint = match e.kind() {
-                std::io::ErrorKind::AddrInUse => {
-                    " (another program uses it: stop it or pick another --port)"
-                }
-                std::io::ErrorKind::PermissionDenied => {
-                    " (ports below 1024 need privileges: pick a --port above 1024)"
-                }
+                std::io::ErrorKind::AddrInUse => " (another program uses it: stop it or pick another --port)",
+                std::io::ErrorKind::PermissionDenied => " (ports below 1024 need privileges: pick a --port above 1024)",
                 _ => " (check --host and --port)",
             };
-            eprintln!(
-                "valve: error: cannot listen on {}:{}: {e}{hint}",
-                config.host, config.port
-            );
+            eprintln!("valve: error: cannot listen on {}:{}: {e}{hint}", config.host, config.port);
             return ExitCode::from(EXIT_START);
         }
     };
@@ -102,8 +95,10 @@ async fn run(config: Config) -> ExitCode {
         config.n_min,
         config.n_max
     );
-    valve::server::run(listener, sup, shutdown, config.graceful_timeout).await;
-    ExitCode::SUCCESS
+    match valve::server::run(listener, sup, shutdown, &config).await {
+        Drained::Clean => ExitCode::SUCCESS,
+        Drained::Cut => ExitCode::from(EXIT_START),
+    }
 }
 
 fn report_start_error(config: &Config, e: &StartError) {
@@ -116,9 +111,7 @@ fn report_start_error(config: &Config, e: &StartError) {
         _ if e.missing_package() => {
             "install R and plumber, e.g. `apt-get install r-base-core r-cran-plumber`".to_string()
         }
-        StartError::Timeout(..) => {
-            "raise --start-timeout if the API needs longer to load".to_string()
-        }
+        StartError::Timeout(..) => "raise --start-timeout if the API needs longer to load".to_string(),
         StartError::Exited { .. } => format!(
             "run the API in R to see the problem: R -e 'plumber::pr_run(plumber::pr(\"{}\"))'",
             config.app.path().display()

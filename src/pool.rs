@@ -43,6 +43,8 @@ pub struct Slot {
     pub last_used: Instant,
     pub created: Instant,
     pub served: u64,
+    /// Requests after which the worker is replaced (`--max-requests` plus jitter).
+    pub limit: Option<u64>,
 }
 
 /// How big the pool may be.
@@ -50,6 +52,8 @@ pub struct Slot {
 pub struct Limits {
     pub n_min: usize,
     pub n_max: usize,
+    /// Replace a worker after about this many requests.
+    pub max_requests: Option<u64>,
 }
 
 /// The result of returning a worker to the pool.
@@ -61,6 +65,19 @@ pub enum Release<W> {
     Idle,
     /// The worker is no longer in the pool (it exited or is stopping).
     Gone,
+    /// The worker served its share of requests and is now stopping; start
+    /// these to replace it.
+    Retire(Vec<WorkerId>),
+}
+
+/// Up to 10% more requests for some workers than others, spread by worker id,
+/// so that workers started together are not all replaced together.
+fn jittered(max_requests: u64, id: WorkerId) -> u64 {
+    let mut x = id.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    max_requests + x % (max_requests / 10 + 1)
 }
 
 /// The pool of workers and the FIFO queue of requests waiting for one.
@@ -75,16 +92,8 @@ pub struct Pool<W> {
 
 impl<W> Pool<W> {
     pub fn new(limits: Limits) -> Self {
-        assert!(
-            limits.n_min <= limits.n_max && limits.n_max >= 1,
-            "limits are checked by config"
-        );
-        Pool {
-            limits,
-            slots: BTreeMap::new(),
-            queue: VecDeque::new(),
-            next_id: 1,
-        }
+        assert!(limits.n_min <= limits.n_max && limits.n_max >= 1, "limits are checked by config");
+        Pool { limits, slots: BTreeMap::new(), queue: VecDeque::new(), next_id: 1 }
     }
 
     pub fn limits(&self) -> Limits {
@@ -115,15 +124,8 @@ impl<W> Pool<W> {
     fn add_starting(&mut self, now: Instant) -> WorkerId {
         let id = self.next_id;
         self.next_id += 1;
-        self.slots.insert(
-            id,
-            Slot {
-                state: State::Starting,
-                last_used: now,
-                created: now,
-                served: 0,
-            },
-        );
+        let limit = self.limits.max_requests.map(|n| jittered(n, id));
+        self.slots.insert(id, Slot { state: State::Starting, last_used: now, created: now, served: 0, limit });
         id
     }
 
@@ -178,6 +180,10 @@ impl<W> Pool<W> {
             return Release::Gone;
         }
         slot.last_used = now;
+        if slot.limit.is_some_and(|limit| slot.served >= limit) {
+            slot.state = State::Stopping;
+            return Release::Retire(self.replacements(now));
+        }
         match self.queue.pop_front() {
             Some(waiter) => {
                 slot.state = State::Busy;
@@ -192,10 +198,25 @@ impl<W> Pool<W> {
     }
 
     /// A worker process is gone (crashed, stopped, or failed to start). Returns
-    /// the replacements to start: enough for `n_min`, and one more while
-    /// requests wait and the pool has room.
+    /// the replacements to start.
     pub fn exited(&mut self, id: WorkerId, now: Instant) -> Vec<WorkerId> {
         self.slots.remove(&id);
+        self.replacements(now)
+    }
+
+    /// Takes a worker out of service (too big, hung, unreachable): it is marked
+    /// stopping and the replacements to start are returned.
+    pub fn retire(&mut self, id: WorkerId, now: Instant) -> Vec<WorkerId> {
+        match self.slots.get(&id) {
+            Some(slot) if slot.state != State::Stopping => self.stop(id),
+            _ => return Vec::new(),
+        };
+        self.replacements(now)
+    }
+
+    /// Workers to start after one left: enough for `n_min`, and one more while
+    /// requests wait and the pool has room.
+    fn replacements(&mut self, now: Instant) -> Vec<WorkerId> {
         let mut spawn = self.fill_to_min(now);
         if spawn.is_empty() && !self.queue.is_empty() {
             spawn.extend(self.grow_for_queue(now));
@@ -255,7 +276,39 @@ mod tests {
     use super::*;
 
     fn pool(n_min: usize, n_max: usize) -> (Pool<u32>, Instant) {
-        (Pool::new(Limits { n_min, n_max }), Instant::now())
+        (Pool::new(Limits { n_min, n_max, max_requests: None }), Instant::now())
+    }
+
+    #[test]
+    fn workers_retire_after_their_share_of_requests_with_jitter() {
+        let now = Instant::now();
+        let mut p: Pool<u32> = Pool::new(Limits { n_min: 1, n_max: 1, max_requests: Some(100) });
+        let limits: Vec<u64> = (1..=50).map(|id| jittered(100, id)).collect();
+        assert!(limits.iter().all(|l| (100..=110).contains(l)), "{limits:?}");
+        assert!(limits.iter().collect::<std::collections::BTreeSet<_>>().len() > 5, "limits are spread");
+        let id = p.fill_to_min(now)[0];
+        ready_all(&mut p, &[id], now);
+        let limit = p.slot(id).unwrap().limit.unwrap();
+        for _ in 1..limit {
+            assert_eq!(p.checkout(), Some(id));
+            assert!(matches!(p.release(id, now), Release::Idle));
+        }
+        assert_eq!(p.checkout(), Some(id));
+        match p.release(id, now) {
+            Release::Retire(new) => assert_eq!(new, vec![id + 1], "a replacement keeps n_min"),
+            other => panic!("expected retirement, got {other:?}"),
+        }
+        assert_eq!(p.checkout(), None, "a retiring worker takes no more requests");
+    }
+
+    #[test]
+    fn retiring_a_worker_starts_its_replacement() {
+        let (mut p, now) = pool(2, 3);
+        let ids = p.fill_to_min(now);
+        ready_all(&mut p, &ids, now);
+        assert_eq!(p.retire(1, now), vec![3]);
+        assert_eq!(p.retire(1, now), Vec::<WorkerId>::new(), "retiring twice starts nothing more");
+        assert_eq!(p.retire(99, now), Vec::<WorkerId>::new());
     }
 
     fn ready_all(p: &mut Pool<u32>, ids: &[WorkerId], now: Instant) {
@@ -274,11 +327,7 @@ mod tests {
         let a = p.checkout().unwrap();
         let b = p.checkout().unwrap();
         assert_ne!(a, b);
-        assert_eq!(
-            p.checkout(),
-            None,
-            "a busy worker never gets a second request"
-        );
+        assert_eq!(p.checkout(), None, "a busy worker never gets a second request");
     }
 
     #[test]
@@ -298,11 +347,7 @@ mod tests {
         assert_eq!(p.enqueue(1, now), Some(1));
         assert_eq!(p.enqueue(2, now), Some(2));
         p.retain_waiters(|w| *w != 2);
-        assert_eq!(
-            p.enqueue(3, now),
-            None,
-            "two starting already cover two waiters"
-        );
+        assert_eq!(p.enqueue(3, now), None, "two starting already cover two waiters");
     }
 
     #[test]
@@ -343,10 +388,7 @@ mod tests {
         let stopped = p.prune(later, Duration::from_secs(5));
         assert_eq!(stopped.len(), 2, "busy worker stays, others age out");
         assert!(!stopped.contains(&busy));
-        assert_eq!(
-            p.prune(later, Duration::from_secs(5)),
-            Vec::<WorkerId>::new()
-        );
+        assert_eq!(p.prune(later, Duration::from_secs(5)), Vec::<WorkerId>::new());
         for id in stopped {
             assert!(p.exited(id, later).is_empty(), "n_min still holds");
         }
@@ -358,9 +400,7 @@ mod tests {
         let (mut p, t0) = pool(2, 2);
         let ids = p.fill_to_min(t0);
         ready_all(&mut p, &ids, t0);
-        assert!(p
-            .prune(t0 + Duration::from_secs(100), Duration::from_secs(1))
-            .is_empty());
+        assert!(p.prune(t0 + Duration::from_secs(100), Duration::from_secs(1)).is_empty());
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -15,8 +16,9 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Either, Empty, Full};
 use hyper::body::Incoming;
 
-use crate::supervisor::{Lease, SendError, Supervisor};
-use crate::worker::ReqBody;
+use crate::body::{self, ReqBody, Upload, UploadError};
+use crate::config::Config;
+use crate::supervisor::{Lease, SendError, Supervisor, Unavailable};
 
 /// valve's own paths; never forwarded to R.
 pub const RESERVED_PREFIX: &str = "/__valve__/";
@@ -42,11 +44,17 @@ static HOP_BY_HOP: [HeaderName; 8] = [
 
 pub struct Proxy {
     sup: Arc<Supervisor>,
+    max_body_size: u64,
+    request_timeout: Option<Duration>,
 }
 
+/// How often a request that never reached a worker (its socket refused) is
+/// tried on another one before the client gets 502.
+const CONNECT_TRIES: usize = 3;
+
 impl Proxy {
-    pub fn new(sup: Arc<Supervisor>) -> Arc<Self> {
-        Arc::new(Proxy { sup })
+    pub fn new(sup: Arc<Supervisor>, config: &Config) -> Arc<Self> {
+        Arc::new(Proxy { sup, max_body_size: config.max_body_size, request_timeout: config.request_timeout })
     }
 
     /// Answers one client request. Every failure becomes a short JSON answer.
@@ -58,21 +66,60 @@ impl Proxy {
         if req.uri().path().starts_with(RESERVED_PREFIX) {
             return Ok(error(StatusCode::NOT_FOUND, "no such valve path"));
         }
+        if declared_length(req.headers()).is_some_and(|len| len > self.max_body_size) {
+            return Ok(too_large(self.max_body_size));
+        }
         let root = req.uri().path() == "/" && matches!(*req.method(), Method::GET | Method::HEAD);
-        let outgoing = to_worker(req, peer);
-        let lease = match self.sup.acquire().await {
-            Ok(lease) => lease,
-            Err(e) => return Ok(error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())),
-        };
-        let worker = lease.worker();
-        let (resp, mut lease) = match exchange(lease, outgoing).await {
-            Ok(answer) => answer,
-            Err(e) => {
-                tracing::warn!(worker, error = %e, "request to worker failed");
-                return Ok(error(
-                    StatusCode::BAD_GATEWAY,
-                    "the R worker failed to answer",
-                ));
+        let idempotent = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+        let mut outgoing = to_worker(req, peer, self.max_body_size);
+        // A bodyless GET, HEAD or OPTIONS can be replayed once if its worker dies before answering.
+        let mut spare = (idempotent && matches!(outgoing.body(), Either::Right(_))).then(|| head_copy(&outgoing));
+        let mut refused = 0;
+        let (resp, mut lease) = loop {
+            let mut lease = match self.sup.acquire().await {
+                Ok(lease) => lease,
+                Err(e) => return Ok(unavailable(&e)),
+            };
+            let worker = lease.worker();
+            if let Err(e) = lease.connect().await {
+                tracing::warn!(worker, error = %e, "worker unreachable; taking it out of service");
+                lease.retire(libc::SIGKILL);
+                refused += 1;
+                if refused < CONNECT_TRIES {
+                    continue;
+                }
+                return Ok(error(StatusCode::BAD_GATEWAY, "no R worker could be reached"));
+            }
+            match exchange(lease, outgoing, self.request_timeout).await {
+                Ok(answer) => break answer,
+                Err(SendError::Timeout(_, limit)) => {
+                    let msg = format!(
+                        "the R worker took longer than --request-timeout ({}s) and was restarted",
+                        limit.as_secs_f64()
+                    );
+                    return Ok(error(StatusCode::GATEWAY_TIMEOUT, &msg));
+                }
+                Err(SendError::Http(_, e)) => {
+                    match body::upload_error(&e) {
+                        Some(UploadError::TooLarge(limit)) => return Ok(too_large(*limit)),
+                        Some(UploadError::Client(_)) => {
+                            return Ok(error(StatusCode::BAD_REQUEST, "the request body could not be read"))
+                        }
+                        None => {}
+                    }
+                    tracing::warn!(worker, error = %e, "worker failed while handling a request; taking it out of service");
+                    self.sup.retire(worker, libc::SIGKILL);
+                    match spare.take() {
+                        Some(again) => outgoing = again,
+                        None => {
+                            return Ok(error(StatusCode::BAD_GATEWAY, "the R worker died while handling the request"))
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(worker, error = %e, "request to worker failed");
+                    return Ok(error(StatusCode::BAD_GATEWAY, "the R worker failed to answer"));
+                }
             }
         };
         if root && resp.status() == StatusCode::NOT_FOUND {
@@ -89,21 +136,62 @@ impl Proxy {
 /// Sends a request to the leased worker and waits for the head of its answer.
 /// The exchange runs in its own task: if the client goes away meanwhile, the
 /// worker is still busy with the request, so the task keeps the lease until the
-/// worker has answered, and only then gives it back.
+/// worker has answered, and only then gives it back. A worker past `timeout`
+/// is killed, whether or not the client is still there.
 async fn exchange(
     mut lease: Lease,
     req: Request<ReqBody>,
+    timeout: Option<Duration>,
 ) -> Result<(Response<Incoming>, Lease), SendError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let answer = lease.send(req).await.map(|resp| (resp, lease));
-        if let Err(Ok((resp, mut lease))) = tx.send(answer) {
+        let answer = match timeout {
+            None => lease.send(req).await,
+            Some(limit) => match tokio::time::timeout(limit, lease.send(req)).await {
+                Ok(answer) => answer,
+                Err(_) => {
+                    tracing::warn!(
+                        worker = lease.worker(),
+                        limit_s = limit.as_secs_f64(),
+                        "request timed out; killing its worker"
+                    );
+                    lease.retire(libc::SIGKILL);
+                    Err(SendError::Timeout(lease.worker(), limit))
+                }
+            },
+        };
+        if let Err(Ok((resp, mut lease))) = tx.send(answer.map(|resp| (resp, lease))) {
             if resp.into_body().collect().await.is_ok() {
                 lease.set_reusable();
             }
         }
     });
-    rx.await.unwrap_or_else(|_| Err(SendError::Cancelled))
+    rx.await.unwrap_or(Err(SendError::Cancelled))
+}
+
+/// The `Content-Length` a client declared, if any.
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()
+}
+
+/// A bodyless copy of a request, to replay it.
+fn head_copy(req: &Request<ReqBody>) -> Request<ReqBody> {
+    let mut copy = Request::new(Either::Right(Empty::new()));
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    copy
+}
+
+fn too_large(limit: u64) -> Response<ProxyBody> {
+    error(StatusCode::PAYLOAD_TOO_LARGE, &format!("the request body is larger than --max-body-size ({limit} bytes)"))
+}
+
+fn unavailable(e: &Unavailable) -> Response<ProxyBody> {
+    let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string());
+    resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    resp
 }
 
 /// Removes the hop-by-hop headers, including any the `Connection` header names.
@@ -130,7 +218,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// The request as the worker receives it: origin-form target, no hop-by-hop
 /// headers, `X-Forwarded-*` added (the client's own `X-Forwarded-For` is kept and
 /// appended to, never taken as the peer address).
-fn to_worker(req: Request<Incoming>, peer: SocketAddr) -> Request<ReqBody> {
+fn to_worker(req: Request<Incoming>, peer: SocketAddr, max_body_size: u64) -> Request<ReqBody> {
     let (mut parts, body) = req.into_parts();
     if let Some(pq) = parts.uri.path_and_query() {
         if let Ok(uri) = pq.as_str().parse() {
@@ -157,11 +245,8 @@ fn to_worker(req: Request<Incoming>, peer: SocketAddr) -> Request<ReqBody> {
         }
     }
     // A request with no body is sent as one that can be replayed.
-    let body = if body.is_end_stream() {
-        Either::Right(Empty::new())
-    } else {
-        Either::Left(body)
-    };
+    let body =
+        if body.is_end_stream() { Either::Right(Empty::new()) } else { Either::Left(Upload::new(body, max_body_size)) };
     Request::from_parts(parts, body)
 }
 
@@ -175,10 +260,7 @@ fn from_worker(resp: Response<Incoming>, mut lease: Lease) -> Response<ProxyBody
         drop(lease);
         ProxyBody::Empty
     } else {
-        ProxyBody::Worker {
-            body,
-            lease: Some(lease),
-        }
+        ProxyBody::Worker { body, lease: Some(lease) }
     };
     Response::from_parts(parts, body)
 }
@@ -186,24 +268,16 @@ fn from_worker(resp: Response<Incoming>, mut lease: Lease) -> Response<ProxyBody
 fn redirect(location: &'static str) -> Response<ProxyBody> {
     let mut resp = Response::new(ProxyBody::Empty);
     *resp.status_mut() = StatusCode::TEMPORARY_REDIRECT;
-    resp.headers_mut()
-        .insert(header::LOCATION, HeaderValue::from_static(location));
+    resp.headers_mut().insert(header::LOCATION, HeaderValue::from_static(location));
     resp
 }
 
 /// A short JSON error: `{"error": "...", "status": N}`.
 pub fn error(status: StatusCode, message: &str) -> Response<ProxyBody> {
-    let text = format!(
-        "{{\"error\":{},\"status\":{}}}\n",
-        json_string(message),
-        status.as_u16()
-    );
+    let text = format!("{{\"error\":{},\"status\":{}}}\n", json_string(message), status.as_u16());
     let mut resp = Response::new(ProxyBody::Full(Full::new(Bytes::from(text))));
     *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp
 }
 
@@ -237,16 +311,11 @@ impl Body for ProxyBody {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         // Every variant is Unpin, so plain `&mut` access is fine.
         match self.get_mut() {
             ProxyBody::Empty => Poll::Ready(None),
-            ProxyBody::Full(full) => Pin::new(full)
-                .poll_frame(cx)
-                .map_err(|never| match never {}),
+            ProxyBody::Full(full) => Pin::new(full).poll_frame(cx).map_err(|never| match never {}),
             ProxyBody::Worker { body, lease } => {
                 let frame = Pin::new(&mut *body).poll_frame(cx);
                 match &frame {

@@ -11,22 +11,29 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
+use crate::config::Config;
 use crate::proxy::Proxy;
 use crate::shutdown::Shutdown;
 use crate::supervisor::Supervisor;
 
-/// A client that has not sent a full request head by then is cut off.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How the drain at shutdown ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drained {
+    /// Every request finished.
+    Clean,
+    /// Requests were still running when --graceful-timeout passed or a second signal came.
+    Cut,
+}
 
-/// Serves until `shutdown.drain` fires, then drains within `grace` (or until
-/// `shutdown.now`), then stops every worker.
-pub async fn run(listener: TcpListener, sup: Arc<Supervisor>, shutdown: Shutdown, grace: Duration) {
-    let proxy = Proxy::new(sup.clone());
+/// Serves until `shutdown.drain` fires, then drains within --graceful-timeout
+/// (or until `shutdown.now`), then stops every worker.
+pub async fn run(listener: TcpListener, sup: Arc<Supervisor>, shutdown: Shutdown, config: &Config) -> Drained {
+    let grace = config.graceful_timeout;
+    let proxy = Proxy::new(sup.clone(), config);
     let pruner = tokio::spawn(sup.clone().prune_loop(shutdown.drain.clone()));
     let connections = TaskTracker::new();
     let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT);
+    http.timer(TokioTimer::new()).header_read_timeout(config.header_timeout);
     loop {
         let (stream, peer) = tokio::select! {
             _ = shutdown.drain.cancelled() => break,
@@ -62,12 +69,20 @@ pub async fn run(listener: TcpListener, sup: Arc<Supervisor>, shutdown: Shutdown
     }
     drop(listener);
     let _ = pruner.await;
-    tokio::select! {
-        _ = async { connections.close(); connections.wait().await } => tracing::info!("all requests finished"),
-        _ = tokio::time::sleep(grace) => tracing::warn!(grace_s = grace.as_secs_f64(), "requests still running after --graceful-timeout; stopping anyway"),
-        _ = shutdown.now.cancelled() => {}
-    }
+    connections.close();
+    let drained = tokio::select! {
+        _ = connections.wait() => {
+            tracing::info!("all requests finished");
+            Drained::Clean
+        }
+        _ = tokio::time::sleep(grace) => {
+            tracing::warn!(grace_s = grace.as_secs_f64(), "requests still running after --graceful-timeout; stopping anyway");
+            Drained::Cut
+        }
+        _ = shutdown.now.cancelled() => Drained::Cut,
+    };
     sup.shutdown().await;
+    drained
 }
 
 /// The address to print for people: the bound one.

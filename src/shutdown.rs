@@ -32,7 +32,10 @@ impl Shutdown {
                 };
                 seen += 1;
                 if seen == 1 {
-                    tracing::info!(signal = name, "shutting down: draining in-flight requests (send it again to stop at once)");
+                    tracing::info!(
+                        signal = name,
+                        "shutting down: draining in-flight requests (send it again to stop at once)"
+                    );
                     this.drain.cancel();
                 } else {
                     tracing::warn!(signal = name, "stopping at once");

@@ -15,15 +15,20 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::body::ReqBody;
 use crate::config::Config;
 use crate::pool::{Limits, Pool, Release, State, WorkerId};
-use crate::worker::{self, Conn, ReqBody, Spawner, Spec, StartError};
+use crate::worker::{self, Conn, Spawner, Spec, StartError};
 
 /// How long a worker gets between SIGTERM and SIGKILL.
 const KILL_AFTER: Duration = Duration::from_secs(3);
 /// The first and the longest pause before restarting a worker that failed to start.
 const BACKOFF_FIRST: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// A worker that dies sooner than this after it became ready counts as a failed start.
+const CRASH_WINDOW: Duration = Duration::from_secs(5);
+/// Failed starts further apart than this do not add up to a crash loop.
+const FAILURE_MEMORY: Duration = Duration::from_secs(60);
 
 type Waiter = oneshot::Sender<Lease>;
 
@@ -32,11 +37,20 @@ type Waiter = oneshot::Sender<Lease>;
 pub enum Unavailable {
     #[error("valve is shutting down")]
     ShuttingDown,
+    #[error("all workers are busy and the queue is full")]
+    QueueFull,
+    #[error("no worker came free within --queue-timeout")]
+    QueueTimeout,
 }
 
 /// A worker process valve started and has not yet seen exit.
 struct Live {
     pid: u32,
+    /// When the worker answered its readiness probe.
+    ready_at: Option<Instant>,
+    /// valve asked it to stop for a planned reason (idle, recycled, shutdown),
+    /// so its exit is no surprise.
+    planned_stop: bool,
     socket: Arc<Path>,
     /// Open keep-alive connections to the worker's socket, ready for reuse.
     conns: Vec<Conn>,
@@ -47,18 +61,25 @@ struct Inner {
     live: HashMap<WorkerId, Live>,
     closing: bool,
     ever_ready: bool,
-    /// Workers in a row that exited before answering; drives the restart backoff.
+    /// Workers in a row that died before or right after answering, and when
+    /// the last did; drives the restart backoff.
     failed_starts: u32,
+    last_failure: Option<Instant>,
 }
 
 impl Inner {
     fn backoff(&self) -> Duration {
+        let recent = self.last_failure.is_some_and(|t| t.elapsed() < FAILURE_MEMORY);
         match self.failed_starts {
-            0 => Duration::ZERO,
-            n => BACKOFF_FIRST
-                .saturating_mul(1 << (n - 1).min(16))
-                .min(BACKOFF_MAX),
+            n if n > 0 && recent => BACKOFF_FIRST.saturating_mul(1 << (n - 1).min(16)).min(BACKOFF_MAX),
+            _ => Duration::ZERO,
         }
+    }
+
+    fn record_failed_start(&mut self) {
+        let recent = self.last_failure.is_some_and(|t| t.elapsed() < FAILURE_MEMORY);
+        self.failed_starts = if recent { self.failed_starts.saturating_add(1) } else { 1 };
+        self.last_failure = Some(Instant::now());
     }
 }
 
@@ -68,6 +89,9 @@ pub struct Supervisor {
     start_timeout: Duration,
     max_age: Duration,
     check_unused: Duration,
+    queue_size: usize,
+    queue_timeout: Duration,
+    max_worker_memory: Option<u64>,
     inner: Mutex<Inner>,
     tasks: TaskTracker,
 }
@@ -85,27 +109,23 @@ pub struct Counts {
 impl Supervisor {
     /// Must be called inside the tokio runtime. `port` is the port actually bound.
     pub fn new(config: &Config, port: u16) -> std::io::Result<Arc<Self>> {
-        let spec = Spec::new(
-            config.r_bin.clone(),
-            config.app.clone(),
-            config.host.clone(),
-            port,
-        )?;
+        let spec = Spec::new(config.r_bin.clone(), config.app.clone(), config.host.clone(), port)?;
         Ok(Arc::new(Supervisor {
             spec,
             spawner: Spawner::new()?,
             start_timeout: config.start_timeout,
             max_age: config.max_age,
             check_unused: config.check_unused,
+            queue_size: config.queue_size,
+            queue_timeout: config.queue_timeout,
+            max_worker_memory: config.max_worker_memory,
             inner: Mutex::new(Inner {
-                pool: Pool::new(Limits {
-                    n_min: config.n_min,
-                    n_max: config.n_max,
-                }),
+                pool: Pool::new(Limits { n_min: config.n_min, n_max: config.n_max, max_requests: config.max_requests }),
                 live: HashMap::new(),
                 closing: false,
                 ever_ready: false,
                 failed_starts: 0,
+                last_failure: None,
             }),
             tasks: TaskTracker::new(),
         }))
@@ -137,11 +157,7 @@ impl Supervisor {
             match rx.await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(e),
-                Err(_) => {
-                    return Err(StartError::Io(std::io::Error::other(
-                        "worker task ended unexpectedly",
-                    )))
-                }
+                Err(_) => return Err(StartError::Io(std::io::Error::other("worker task ended unexpectedly"))),
             }
         }
         self.lock().ever_ready = true;
@@ -158,6 +174,13 @@ impl Supervisor {
             if let Some(id) = inner.pool.checkout() {
                 return Ok(self.lease(&mut inner, id));
             }
+            if inner.pool.queue_len() >= self.queue_size {
+                // Clients that gave up while waiting still hold places: free them first.
+                inner.pool.retain_waiters(|w| !w.is_closed());
+                if inner.pool.queue_len() >= self.queue_size {
+                    return Err(Unavailable::QueueFull);
+                }
+            }
             let (tx, rx) = oneshot::channel();
             let spawn = inner.pool.enqueue(tx, Instant::now());
             let spawn = spawn.map(|id| (id, inner.backoff(), counts(&inner.pool)));
@@ -173,7 +196,11 @@ impl Supervisor {
             );
             self.spawn_worker(id, delay, None);
         }
-        rx.await.map_err(|_| Unavailable::ShuttingDown)
+        match tokio::time::timeout(self.queue_timeout, rx).await {
+            Ok(Ok(lease)) => Ok(lease),
+            Ok(Err(_)) => Err(Unavailable::ShuttingDown),
+            Err(_) => Err(Unavailable::QueueTimeout),
+        }
     }
 
     fn lease(self: &Arc<Self>, inner: &mut Inner, id: WorkerId) -> Lease {
@@ -181,24 +208,58 @@ impl Supervisor {
             Some(live) => (live.conns.pop(), Some(live.socket.clone())),
             None => (None, None),
         };
-        Lease {
-            sup: self.clone(),
-            worker: id,
-            socket,
-            conn,
-            reusable: false,
-            armed: true,
-        }
+        Lease { sup: self.clone(), worker: id, socket, conn, reusable: false, armed: true }
     }
 
     /// Returns a worker after a request, with its connection if that can be reused,
     /// and passes it on to the first waiter still waiting.
     fn release(self: &Arc<Self>, id: WorkerId, conn: Option<Conn>) {
         let mut inner = self.lock();
-        if let (Some(live), Some(conn)) = (inner.live.get_mut(&id), conn) {
+        let Some(live) = inner.live.get_mut(&id) else { return };
+        if let Some(conn) = conn {
             live.conns.push(conn);
         }
+        if let (Some(max), Some(rss)) =
+            (self.max_worker_memory, self.max_worker_memory.and_then(|_| worker::rss_bytes(live.pid)))
+        {
+            if rss > max {
+                let pid = live.pid;
+                drop(inner);
+                tracing::info!(
+                    worker = id,
+                    pid,
+                    rss_mb = rss >> 20,
+                    limit_mb = max >> 20,
+                    "replacing worker: its memory passed --max-worker-memory"
+                );
+                return self.retire(id, libc::SIGTERM);
+            }
+        }
         self.hand_on(&mut inner, id);
+    }
+
+    /// Takes a worker out of service now and starts its replacement. SIGTERM
+    /// is a planned retirement (too big); SIGKILL is for a worker that is hung
+    /// or broken.
+    pub fn retire(self: &Arc<Self>, id: WorkerId, signal: libc::c_int) {
+        let mut inner = self.lock();
+        let respawn = inner.pool.retire(id, Instant::now());
+        if let Some(live) = inner.live.get_mut(&id) {
+            live.conns.clear();
+            live.planned_stop |= signal == libc::SIGTERM;
+            worker::signal_group(live.pid, signal);
+            let pid = live.pid;
+            tokio::spawn(async move {
+                tokio::time::sleep(KILL_AFTER).await;
+                worker::signal_group(pid, libc::SIGKILL);
+            });
+        }
+        let delay = inner.backoff();
+        drop(inner);
+        for new in respawn {
+            tracing::info!(worker = new, replaces = id, "starting worker to replace one taken out of service");
+            self.spawn_worker(new, delay, None);
+        }
     }
 
     fn hand_on(self: &Arc<Self>, inner: &mut Inner, id: WorkerId) {
@@ -210,13 +271,28 @@ impl Supervisor {
                         Ok(()) => return,
                         // That client left while it waited: put the connection back, try the next.
                         Err(lease) => {
-                            if let (Some(live), Some(conn)) =
-                                (inner.live.get_mut(&id), lease.disarm())
-                            {
+                            if let (Some(live), Some(conn)) = (inner.live.get_mut(&id), lease.disarm()) {
                                 live.conns.push(conn);
                             }
                         }
                     }
+                }
+                Release::Retire(respawn) => {
+                    if let Some(live) = inner.live.get_mut(&id) {
+                        live.conns.clear();
+                        live.planned_stop = true;
+                        worker::signal_group(live.pid, libc::SIGTERM);
+                        tracing::info!(
+                            worker = id,
+                            pid = live.pid,
+                            "replacing worker: it served --max-requests requests"
+                        );
+                    }
+                    let delay = inner.backoff();
+                    for new in respawn {
+                        self.spawn_worker(new, delay, None);
+                    }
+                    return;
                 }
                 Release::Idle | Release::Gone => return,
             }
@@ -230,8 +306,7 @@ impl Supervisor {
         report: Option<oneshot::Sender<Result<(), StartError>>>,
     ) {
         let this = self.clone();
-        self.tasks
-            .spawn(async move { this.run_worker(id, delay, report).await });
+        self.tasks.spawn(async move { this.run_worker(id, delay, report).await });
     }
 
     /// One worker's whole life: launch, wait until it answers, serve, exit.
@@ -261,30 +336,18 @@ impl Supervisor {
         {
             let mut inner = self.lock();
             let socket: Arc<Path> = Arc::from(process.socket.as_path());
-            inner.live.insert(
-                id,
-                Live {
-                    pid,
-                    socket,
-                    conns: Vec::new(),
-                },
-            );
+            inner.live.insert(id, Live { pid, ready_at: None, planned_stop: false, socket, conns: Vec::new() });
             if inner.closing {
                 worker::signal_group(pid, libc::SIGTERM);
             }
         }
         match process.wait_ready(self.start_timeout).await {
             Ok(conn) => {
-                tracing::info!(
-                    worker = id,
-                    pid,
-                    startup_ms = launched.elapsed().as_millis() as u64,
-                    "worker ready"
-                );
+                tracing::info!(worker = id, pid, startup_ms = launched.elapsed().as_millis() as u64, "worker ready");
                 let mut inner = self.lock();
-                inner.failed_starts = 0;
                 if let Some(live) = inner.live.get_mut(&id) {
                     live.conns.push(conn);
+                    live.ready_at = Some(Instant::now());
                 }
                 self.hand_on(&mut inner, id);
                 drop(inner);
@@ -312,7 +375,7 @@ impl Supervisor {
     ) {
         let mut inner = self.lock();
         inner.live.remove(&id);
-        inner.failed_starts = inner.failed_starts.saturating_add(1);
+        inner.record_failed_start();
         let respawn = if inner.ever_ready && !inner.closing {
             inner.pool.exited(id, Instant::now())
         } else {
@@ -336,27 +399,22 @@ impl Supervisor {
 
     fn exited(self: &Arc<Self>, id: WorkerId, pid: u32, status: &str) {
         let mut inner = self.lock();
-        inner.live.remove(&id);
-        let stopping = inner
-            .pool
-            .slot(id)
-            .map(|s| s.state == State::Stopping)
-            .unwrap_or(true);
+        let live = inner.live.remove(&id);
+        let planned = live.as_ref().is_some_and(|l| l.planned_stop);
+        if !planned && live.and_then(|l| l.ready_at).is_some_and(|t| t.elapsed() < CRASH_WINDOW) {
+            inner.record_failed_start();
+        }
         let respawn = inner.pool.exited(id, Instant::now());
         let respawn = if inner.closing { Vec::new() } else { respawn };
         let delay = inner.backoff();
         drop(inner);
-        if stopping {
+        if planned {
             tracing::info!(worker = id, pid, status, "worker stopped");
         } else {
             tracing::warn!(worker = id, pid, status, "worker exited unexpectedly");
         }
         for new in respawn {
-            tracing::info!(
-                worker = new,
-                replaces = id,
-                "starting worker to replace one that exited"
-            );
+            tracing::info!(worker = new, replaces = id, "starting worker to replace one that exited");
             self.spawn_worker(new, delay, None);
         }
     }
@@ -368,6 +426,7 @@ impl Supervisor {
             return;
         };
         live.conns.clear();
+        live.planned_stop = true;
         let pid = live.pid;
         worker::signal_group(pid, libc::SIGTERM);
         tokio::spawn(async move {
@@ -419,10 +478,7 @@ impl Supervisor {
         };
         drop(waiting);
         self.tasks.close();
-        if tokio::time::timeout(KILL_AFTER + Duration::from_secs(2), self.tasks.wait())
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(KILL_AFTER + Duration::from_secs(2), self.tasks.wait()).await.is_err() {
             tracing::error!("some workers did not exit after SIGKILL");
         }
     }
@@ -456,6 +512,8 @@ pub enum SendError {
     Connect(WorkerId, std::io::Error),
     #[error("worker {0} failed to answer: {1}")]
     Http(WorkerId, hyper::Error),
+    #[error("worker {0} took longer than --request-timeout ({1:?})")]
+    Timeout(WorkerId, Duration),
     #[error("the exchange with the worker was cut short")]
     Cancelled,
 }
@@ -465,34 +523,38 @@ impl Lease {
         self.worker
     }
 
-    /// Sends a request on the kept connection, or on a fresh one if that is gone.
-    pub async fn send(
-        &mut self,
-        req: http::Request<ReqBody>,
-    ) -> Result<http::Response<Incoming>, SendError> {
-        self.reusable = false;
-        let kept = match self.conn.take() {
-            Some(mut c) => c.ready().await.is_ok().then_some(c),
-            None => None,
-        };
-        let mut conn = match kept {
-            Some(c) => c,
-            None => {
-                let socket = self.socket.clone().ok_or_else(|| {
-                    SendError::Connect(self.worker, std::io::Error::other("worker is gone"))
-                })?;
-                let mut c = worker::connect(&socket)
-                    .await
-                    .map_err(|e| SendError::Connect(self.worker, e))?;
-                c.ready()
-                    .await
-                    .map_err(|e| SendError::Http(self.worker, e))?;
-                c
+    /// Makes sure the lease holds a ready connection: the kept one, or a fresh one.
+    /// Nothing has been sent when this fails, so the request may go elsewhere.
+    pub async fn connect(&mut self) -> Result<(), SendError> {
+        if let Some(conn) = self.conn.as_mut() {
+            if conn.ready().await.is_ok() {
+                return Ok(());
             }
-        };
-        let result = conn.send_request(req).await;
+        }
+        self.conn = None;
+        let socket = self
+            .socket
+            .clone()
+            .ok_or_else(|| SendError::Connect(self.worker, std::io::Error::other("worker is gone")))?;
+        let mut conn = worker::connect(&socket).await.map_err(|e| SendError::Connect(self.worker, e))?;
+        conn.ready().await.map_err(|e| SendError::Connect(self.worker, std::io::Error::other(e)))?;
         self.conn = Some(conn);
-        result.map_err(|e| SendError::Http(self.worker, e))
+        Ok(())
+    }
+
+    /// Sends a request on the connection `connect` made ready.
+    pub async fn send(&mut self, req: http::Request<ReqBody>) -> Result<http::Response<Incoming>, SendError> {
+        self.reusable = false;
+        let conn = self
+            .conn
+            .as_mut()
+            .ok_or_else(|| SendError::Connect(self.worker, std::io::Error::other("not connected")))?;
+        conn.send_request(req).await.map_err(|e| SendError::Http(self.worker, e))
+    }
+
+    /// Takes this lease's worker out of service (see `Supervisor::retire`).
+    pub fn retire(&self, signal: libc::c_int) {
+        self.sup.retire(self.worker, signal);
     }
 
     /// The response was read to its end: the connection can serve the next request.
@@ -509,11 +571,7 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if self.armed {
-            let conn = if self.reusable {
-                self.conn.take()
-            } else {
-                None
-            };
+            let conn = if self.reusable { self.conn.take() } else { None };
             self.sup.release(self.worker, conn);
         }
     }

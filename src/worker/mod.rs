@@ -15,15 +15,14 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http_body_util::{BodyExt, Either, Empty};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 
+use crate::body::ReqBody;
 use crate::config::App;
 use crate::pool::WorkerId;
 
@@ -35,10 +34,6 @@ const PING_PATH: &str = "/__valve__/ping";
 
 /// How many of a worker's last output lines are kept to explain a failed start.
 const TAIL_LINES: usize = 40;
-
-/// The body valve sends to a worker: the client's own stream, or nothing (which
-/// can be replayed).
-pub type ReqBody = Either<Incoming, Empty<Bytes>>;
 
 /// One HTTP/1.1 connection to a worker's socket, kept alive between requests.
 pub type Conn = hyper::client::conn::http1::SendRequest<ReqBody>;
@@ -57,23 +52,11 @@ pub struct Spec {
 
 impl Spec {
     /// Creates the private run directory (mode 0700) and writes the launcher into it.
-    pub fn new(
-        r_bin: PathBuf,
-        app: App,
-        public_host: String,
-        public_port: u16,
-    ) -> io::Result<Self> {
+    pub fn new(r_bin: PathBuf, app: App, public_host: String, public_port: u16) -> io::Result<Self> {
         let run_dir = tempfile::Builder::new().prefix("valve-").tempdir()?;
         let launcher = run_dir.path().join("launcher.R");
         std::fs::write(&launcher, LAUNCHER)?;
-        Ok(Spec {
-            r_bin,
-            app,
-            public_host,
-            public_port,
-            run_dir,
-            launcher,
-        })
+        Ok(Spec { r_bin, app, public_host, public_port, run_dir, launcher })
     }
 
     pub fn socket_path(&self, id: WorkerId) -> PathBuf {
@@ -95,12 +78,7 @@ impl Tail {
     }
 
     pub fn lines(&self) -> Vec<String> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect()
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
     }
 }
 
@@ -120,11 +98,7 @@ pub enum StartError {
     #[error("cannot run R ({r_bin}): {reason}")]
     NoR { r_bin: String, reason: String },
     #[error("worker exited before answering ({status})")]
-    Exited {
-        status: String,
-        code: Option<i32>,
-        tail: Vec<String>,
-    },
+    Exited { status: String, code: Option<i32>, tail: Vec<String> },
     #[error("worker did not answer within {0:?} (raise --start-timeout if the API takes longer to load)")]
     Timeout(Duration, Vec<String>),
     #[error("cannot start worker: {0}")]
@@ -158,26 +132,20 @@ impl Spawner {
     /// Must be called inside the tokio runtime that will own the children.
     pub fn new() -> io::Result<Self> {
         let handle = tokio::runtime::Handle::current();
-        let (jobs, rx) =
-            std::sync::mpsc::channel::<(Command, oneshot::Sender<io::Result<Child>>)>();
-        std::thread::Builder::new()
-            .name("valve-spawner".into())
-            .spawn(move || {
-                let _runtime = handle.enter();
-                for (mut cmd, reply) in rx {
-                    let _ = reply.send(cmd.spawn());
-                }
-            })?;
+        let (jobs, rx) = std::sync::mpsc::channel::<(Command, oneshot::Sender<io::Result<Child>>)>();
+        std::thread::Builder::new().name("valve-spawner".into()).spawn(move || {
+            let _runtime = handle.enter();
+            for (mut cmd, reply) in rx {
+                let _ = reply.send(cmd.spawn());
+            }
+        })?;
         Ok(Spawner { jobs })
     }
 
     async fn spawn(&self, cmd: Command) -> io::Result<Child> {
         let (tx, rx) = oneshot::channel();
-        self.jobs
-            .send((cmd, tx))
-            .map_err(|_| io::Error::other("spawner thread is gone"))?;
-        rx.await
-            .map_err(|_| io::Error::other("spawner thread is gone"))?
+        self.jobs.send((cmd, tx)).map_err(|_| io::Error::other("spawner thread is gone"))?;
+        rx.await.map_err(|_| io::Error::other("spawner thread is gone"))?
     }
 
     /// Launches worker `id`. It is not ready until `wait_ready` says so.
@@ -224,14 +192,14 @@ impl Spawner {
         let mut child = self.spawn(cmd).await.map_err(|e| StartError::NoR {
             r_bin: spec.r_bin.display().to_string(),
             reason: match e.kind() {
-                io::ErrorKind::NotFound => "not found (install R, e.g. `apt-get install r-base-core r-cran-plumber`, or pass --r-bin)".into(),
+                io::ErrorKind::NotFound => {
+                    "not found (install R, e.g. `apt-get install r-base-core r-cran-plumber`, or pass --r-bin)".into()
+                }
                 io::ErrorKind::PermissionDenied => "permission denied (is it executable?)".into(),
                 _ => e.to_string(),
             },
         })?;
-        let pid = child
-            .id()
-            .ok_or_else(|| io::Error::other("worker exited at once"))?;
+        let pid = child.id().ok_or_else(|| io::Error::other("worker exited at once"))?;
         let tail = Arc::new(Tail::default());
         if let Some(out) = child.stdout.take() {
             tokio::spawn(forward_output(out, id, pid, "stdout", tail.clone()));
@@ -240,24 +208,12 @@ impl Spawner {
             tokio::spawn(forward_output(err, id, pid, "stderr", tail.clone()));
         }
         tracing::debug!(worker = id, pid, "worker launched");
-        Ok(Process {
-            id,
-            pid,
-            socket,
-            tail,
-            child,
-        })
+        Ok(Process { id, pid, socket, tail, child })
     }
 }
 
 /// Turns each line a worker prints into a log event carrying the worker's id.
-async fn forward_output(
-    stream: impl AsyncRead + Unpin,
-    id: WorkerId,
-    pid: u32,
-    name: &'static str,
-    tail: Arc<Tail>,
-) {
+async fn forward_output(stream: impl AsyncRead + Unpin, id: WorkerId, pid: u32, name: &'static str, tail: Arc<Tail>) {
     let mut lines = BufReader::new(stream).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         tracing::info!(target: "valve::worker::output", worker = id, pid, stream = name, "{line}");
@@ -314,18 +270,14 @@ async fn probe(socket: &Path) -> io::Result<Conn> {
     if ok {
         Ok(conn)
     } else {
-        Err(io::Error::other(
-            "worker answered the readiness probe with an error",
-        ))
+        Err(io::Error::other("worker answered the readiness probe with an error"))
     }
 }
 
 /// Opens a fresh HTTP/1.1 connection to a worker's socket.
 pub async fn connect(socket: &Path) -> io::Result<Conn> {
     let stream = UnixStream::connect(socket).await?;
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(io::Error::other)?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(io::Error::other)?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, "worker connection closed");
@@ -348,4 +300,13 @@ fn describe(status: ExitStatus) -> String {
         (None, Some(sig)) => format!("killed by signal {sig}"),
         _ => status.to_string(),
     }
+}
+
+/// A process's resident memory in bytes, from `/proc/PID/statm`.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
 }

@@ -108,7 +108,11 @@ async fn plumber_examples_answer_as_without_valve() {
         &[post("/append", "json", br#"{"val": 42}"#), get("/tail?n=1"), get("/graph")],
     )
     .await;
-    compare(&plumber_example("02-filters"), &[get("/about"), get("/me"), get("/me?username=kim"), get("/me?username=nobody")]).await;
+    compare(
+        &plumber_example("02-filters"),
+        &[get("/about"), get("/me"), get("/me?username=kim"), get("/me?username=nobody")],
+    )
+    .await;
     compare(
         &plumber_example("05-static"),
         &[get("/"), get("/a.html"), get("/static/b.txt"), get("/static/missing.txt")],
@@ -124,7 +128,11 @@ async fn plumber_examples_answer_as_without_valve() {
     )
     .await;
     // The PDF embeds its creation time, so only its status and headers can match.
-    compare(&plumber_example("09-content-type"), &[Case { ignore_body: true, ..get("/pdf") }, get("/text"), get("/html"), get("/download-binary")]).await;
+    compare(
+        &plumber_example("09-content-type"),
+        &[Case { ignore_body: true, ..get("/pdf") }, get("/text"), get("/html"), get("/download-binary")],
+    )
+    .await;
     compare(&plumber_example("10-welcome"), &[get("/")]).await;
     compare(&plumber_example("12-entrypoint"), &[Case { random_cookie: true, ..get("/counter") }]).await;
     compare(&plumber_example("16-attachment"), &[get("/name"), get("/no_name"), get("/inline")]).await;
@@ -139,7 +147,8 @@ async fn plumber_examples_answer_as_without_valve() {
 async fn sessions_and_several_cookies_survive_the_trip() {
     let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap()]);
     let resp = client().get(valve.get("/cookies")).send().await.unwrap();
-    let cookies: Vec<_> = resp.headers().get_all("set-cookie").iter().map(|v| v.to_str().unwrap().to_string()).collect();
+    let cookies: Vec<_> =
+        resp.headers().get_all("set-cookie").iter().map(|v| v.to_str().unwrap().to_string()).collect();
     assert_eq!(cookies.len(), 2, "both Set-Cookie headers arrive: {cookies:?}");
     assert!(cookies[0].starts_with("first=1") && cookies[1].starts_with("second=two"), "{cookies:?}");
 

@@ -91,7 +91,12 @@ fn spawn(args: &[&str], envs: &[(&str, &str)]) -> Child {
     cmd.spawn().expect("valve binary starts")
 }
 
-fn capture(stream: impl std::io::Read + Send + 'static, prefix: &'static str, log: Arc<Mutex<Vec<String>>>, ready: Option<std::sync::mpsc::Sender<String>>) {
+fn capture(
+    stream: impl std::io::Read + Send + 'static,
+    prefix: &'static str,
+    log: Arc<Mutex<Vec<String>>>,
+    ready: Option<std::sync::mpsc::Sender<String>>,
+) {
     std::thread::spawn(move || {
         for line in BufReader::new(stream).lines().map_while(Result::ok) {
             eprintln!("[{prefix}] {line}");
@@ -130,7 +135,10 @@ impl Valve {
                 Err(_) => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    panic!("valve did not report ready within {START_DEADLINE:?}; log:\n{}", log.lock().unwrap().join("\n"));
+                    panic!(
+                        "valve did not report ready within {START_DEADLINE:?}; log:\n{}",
+                        log.lock().unwrap().join("\n")
+                    );
                 }
             }
         }
@@ -237,7 +245,9 @@ impl Plumber {
             .spawn()
             .expect("Rscript starts");
         let url = format!("http://127.0.0.1:{port}");
-        wait_until("plain plumber to listen", START_DEADLINE, || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+        wait_until("plain plumber to listen", START_DEADLINE, || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
         Plumber { child, url }
     }
 }

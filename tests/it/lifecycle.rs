@@ -20,7 +20,10 @@ fn processes_with_env(needle: &str) -> Vec<u32> {
 
 #[test]
 fn n_min_above_n_max_is_one_line_and_exit_2() {
-    let out = Valve::run_to_exit(&["-f", example().to_str().unwrap(), "--n-min", "5", "-n", "2", "--port", "0"], Duration::from_secs(10));
+    let out = Valve::run_to_exit(
+        &["-f", example().to_str().unwrap(), "--n-min", "5", "-n", "2", "--port", "0"],
+        Duration::from_secs(10),
+    );
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(out.stderr.trim(), "valve: error: --n-min 5 is above --n-max 2: raise --n-max or lower --n-min");
 }
@@ -38,7 +41,10 @@ fn an_api_that_fails_to_load_exits_with_rs_message_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let api = dir.path().join("plumber.R");
     std::fs::copy(fixture("broken.R"), &api).unwrap();
-    let out = Valve::run_to_exit(&["-f", api.to_str().unwrap(), "-n", "2", "--n-min", "2", "--port", "0"], Duration::from_secs(30));
+    let out = Valve::run_to_exit(
+        &["-f", api.to_str().unwrap(), "-n", "2", "--n-min", "2", "--port", "0"],
+        Duration::from_secs(30),
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stderr.contains("the API could not start"), "{}", out.stderr);
     assert!(out.stderr.contains("unexpected"), "R's own parse error is shown: {}", out.stderr);
@@ -50,7 +56,10 @@ fn an_api_that_fails_to_load_exits_with_rs_message_and_leaves_nothing() {
 
 #[test]
 fn missing_r_says_how_to_install_it() {
-    let out = Valve::run_to_exit(&["-f", example().to_str().unwrap(), "--r-bin", "/nonexistent/R", "--port", "0"], Duration::from_secs(10));
+    let out = Valve::run_to_exit(
+        &["-f", example().to_str().unwrap(), "--r-bin", "/nonexistent/R", "--port", "0"],
+        Duration::from_secs(10),
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stderr.contains("cannot run R (/nonexistent/R): not found"), "{}", out.stderr);
     assert!(out.stderr.contains("apt-get install r-base-core r-cran-plumber"), "{}", out.stderr);
@@ -62,10 +71,7 @@ fn missing_plumber_package_says_how_to_install_it() {
     let empty = dir.path().join("lib");
     std::fs::create_dir(&empty).unwrap();
     let wrapper = dir.path().join("R");
-    let script = format!(
-        "#!/bin/sh\nexec env R_LIBS_SITE={0} R_LIBS_USER={0} R_LIBS={0} R \"$@\"\n",
-        empty.display()
-    );
+    let script = format!("#!/bin/sh\nexec env R_LIBS_SITE={0} R_LIBS_USER={0} R_LIBS={0} R \"$@\"\n", empty.display());
     std::fs::write(&wrapper, script).unwrap();
     std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let out = Valve::run_to_exit(

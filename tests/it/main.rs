@@ -1,6 +1,7 @@
 //! Integration tests: the real `valve` binary with real R workers on loopback.
 
-mod harness;
 mod fidelity;
+mod harness;
 mod lifecycle;
+mod reliability;
 mod scaling;

@@ -62,10 +62,21 @@ async fn a_busy_worker_never_gets_a_second_request() {
 #[tokio::test(flavor = "multi_thread")]
 async fn pool_shrinks_back_to_n_min_after_max_age() {
     let valve = Valve::start(&[
-        "-f", example().to_str().unwrap(), "-n", "3", "--n-min", "1", "--check-unused", "0.2", "--max-age", "1",
+        "-f",
+        example().to_str().unwrap(),
+        "-n",
+        "3",
+        "--n-min",
+        "1",
+        "--check-unused",
+        "0.2",
+        "--max-age",
+        "1",
     ]);
     burst(&valve, "/sleep?zzz=0.5", 3).await;
-    wait_until("the pool to grow under load", Duration::from_secs(30), || valve.log().matches("worker ready").count() == 3);
+    wait_until("the pool to grow under load", Duration::from_secs(30), || {
+        valve.log().matches("worker ready").count() == 3
+    });
     wait_until("the pool to shrink to n_min", Duration::from_secs(15), || valve.workers().len() == 1);
     assert!(valve.log().contains("unused for longer than --max-age"), "each prune is explained in the log");
     // It still serves after shrinking.
