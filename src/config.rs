@@ -86,6 +86,11 @@ pub struct Args {
     #[arg(long = "max-worker-memory", env = "VALVE_MAX_WORKER_MEMORY", value_name = "SIZE")]
     pub max_worker_memory: Option<String>,
 
+    /// Load the API once in a parent R process and fork workers from it: workers share its
+    /// memory and start in milliseconds. Per-worker set-up: options(valve.on_worker_start = function() ...).
+    #[arg(long, env = "VALVE_PRELOAD")]
+    pub preload: bool,
+
     /// Seconds a client gets to send a request's headers before it is cut off.
     #[arg(long = "header-timeout", env = "VALVE_HEADER_TIMEOUT", default_value = "30", value_name = "SECONDS")]
     pub header_timeout: String,
@@ -141,6 +146,7 @@ pub struct Config {
     /// `None`: never recycle by memory. In bytes.
     pub max_worker_memory: Option<u64>,
     pub header_timeout: Duration,
+    pub preload: bool,
 }
 
 /// Why a configuration was refused. Each message names the value and what to try.
@@ -258,6 +264,7 @@ impl Args {
                 .map(|v| parse_size("--max-worker-memory", v))
                 .transpose()?,
             header_timeout: seconds("--header-timeout", &self.header_timeout, false)?,
+            preload: self.preload,
             app: resolve_app(&self.file)?,
             host: self.host,
             port: self.port,

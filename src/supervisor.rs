@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 use crate::body::ReqBody;
 use crate::config::Config;
 use crate::pool::{Limits, Pool, Release, State, WorkerId};
-use crate::worker::{self, Conn, Spawner, Spec, StartError};
+use crate::worker::{self, Conn, Launcher, Spec, StartError, Target};
 
 /// How long a worker gets between SIGTERM and SIGKILL.
 const KILL_AFTER: Duration = Duration::from_secs(3);
@@ -45,7 +45,7 @@ pub enum Unavailable {
 
 /// A worker process valve started and has not yet seen exit.
 struct Live {
-    pid: u32,
+    target: Target,
     /// When the worker answered its readiness probe.
     ready_at: Option<Instant>,
     /// valve asked it to stop for a planned reason (idle, recycled, shutdown),
@@ -84,8 +84,7 @@ impl Inner {
 }
 
 pub struct Supervisor {
-    spec: Spec,
-    spawner: Spawner,
+    launcher: Launcher,
     start_timeout: Duration,
     max_age: Duration,
     check_unused: Duration,
@@ -111,8 +110,7 @@ impl Supervisor {
     pub fn new(config: &Config, port: u16) -> std::io::Result<Arc<Self>> {
         let spec = Spec::new(config.r_bin.clone(), config.app.clone(), config.host.clone(), port)?;
         Ok(Arc::new(Supervisor {
-            spec,
-            spawner: Spawner::new()?,
+            launcher: Launcher::new(spec, config.preload)?,
             start_timeout: config.start_timeout,
             max_age: config.max_age,
             check_unused: config.check_unused,
@@ -219,16 +217,16 @@ impl Supervisor {
         if let Some(conn) = conn {
             live.conns.push(conn);
         }
-        if let (Some(max), Some(rss)) =
-            (self.max_worker_memory, self.max_worker_memory.and_then(|_| worker::rss_bytes(live.pid)))
+        if let (Some(max), Some(used)) =
+            (self.max_worker_memory, self.max_worker_memory.and_then(|_| live.target.memory_bytes()))
         {
-            if rss > max {
-                let pid = live.pid;
+            if used > max {
+                let pid = live.target.pid();
                 drop(inner);
                 tracing::info!(
                     worker = id,
                     pid,
-                    rss_mb = rss >> 20,
+                    memory_mb = used >> 20,
                     limit_mb = max >> 20,
                     "replacing worker: its memory passed --max-worker-memory"
                 );
@@ -247,12 +245,7 @@ impl Supervisor {
         if let Some(live) = inner.live.get_mut(&id) {
             live.conns.clear();
             live.planned_stop |= signal == libc::SIGTERM;
-            worker::signal_group(live.pid, signal);
-            let pid = live.pid;
-            tokio::spawn(async move {
-                tokio::time::sleep(KILL_AFTER).await;
-                worker::signal_group(pid, libc::SIGKILL);
-            });
+            signal_then_kill(live.target, signal);
         }
         let delay = inner.backoff();
         drop(inner);
@@ -281,10 +274,10 @@ impl Supervisor {
                     if let Some(live) = inner.live.get_mut(&id) {
                         live.conns.clear();
                         live.planned_stop = true;
-                        worker::signal_group(live.pid, libc::SIGTERM);
+                        signal_then_kill(live.target, libc::SIGTERM);
                         tracing::info!(
                             worker = id,
-                            pid = live.pid,
+                            pid = live.target.pid(),
                             "replacing worker: it served --max-requests requests"
                         );
                     }
@@ -328,26 +321,32 @@ impl Supervisor {
             return;
         }
         let launched = Instant::now();
-        let mut process = match self.spawner.launch(&self.spec, id).await {
+        let mut process = match self.launcher.launch(id).await {
             Ok(p) => p,
             Err(e) => return self.start_failed(id, e, report),
         };
-        let pid = process.pid;
         {
             let mut inner = self.lock();
             let socket: Arc<Path> = Arc::from(process.socket.as_path());
-            inner.live.insert(id, Live { pid, ready_at: None, planned_stop: false, socket, conns: Vec::new() });
+            let live = Live { target: process.target, ready_at: None, planned_stop: false, socket, conns: Vec::new() };
+            inner.live.insert(id, live);
             if inner.closing {
-                worker::signal_group(pid, libc::SIGTERM);
+                process.target.signal(libc::SIGTERM);
             }
         }
         match process.wait_ready(self.start_timeout).await {
             Ok(conn) => {
+                let pid = process.target.pid();
                 tracing::info!(worker = id, pid, startup_ms = launched.elapsed().as_millis() as u64, "worker ready");
                 let mut inner = self.lock();
                 if let Some(live) = inner.live.get_mut(&id) {
                     live.conns.push(conn);
                     live.ready_at = Some(Instant::now());
+                    live.target = process.target;
+                    if live.planned_stop {
+                        // Asked to stop while it was still starting.
+                        process.target.signal(libc::SIGTERM);
+                    }
                 }
                 self.hand_on(&mut inner, id);
                 drop(inner);
@@ -356,15 +355,17 @@ impl Supervisor {
                 }
             }
             Err(e) => {
-                worker::signal_group(pid, libc::SIGKILL);
+                process.target.signal(libc::SIGKILL);
                 process.wait().await;
                 return self.start_failed(id, e, report);
             }
         }
         let status = process.wait().await;
-        // Anything the worker started in its group goes with it.
-        worker::signal_group(pid, libc::SIGKILL);
-        self.exited(id, pid, &status);
+        if let Target::Group(_) = process.target {
+            // Anything the worker started in its group goes with it.
+            process.target.signal(libc::SIGKILL);
+        }
+        self.exited(id, process.target.pid().unwrap_or_default(), &status);
     }
 
     fn start_failed(
@@ -427,13 +428,7 @@ impl Supervisor {
         };
         live.conns.clear();
         live.planned_stop = true;
-        let pid = live.pid;
-        worker::signal_group(pid, libc::SIGTERM);
-        tokio::spawn(async move {
-            tokio::time::sleep(KILL_AFTER).await;
-            // The group outlives the leader only if something in it ignored SIGTERM.
-            worker::signal_group(pid, libc::SIGKILL);
-        });
+        signal_then_kill(live.target, libc::SIGTERM);
     }
 
     /// Every `check_unused`, stops workers idle for longer than `max_age`, keeping `n_min`.
@@ -481,6 +476,18 @@ impl Supervisor {
         if tokio::time::timeout(KILL_AFTER + Duration::from_secs(2), self.tasks.wait()).await.is_err() {
             tracing::error!("some workers did not exit after SIGKILL");
         }
+        self.launcher.shutdown().await;
+    }
+}
+
+/// Sends `signal` now and SIGKILL after `KILL_AFTER`, for whatever ignored it.
+fn signal_then_kill(target: Target, signal: libc::c_int) {
+    target.signal(signal);
+    if signal != libc::SIGKILL {
+        tokio::spawn(async move {
+            tokio::time::sleep(KILL_AFTER).await;
+            target.signal(libc::SIGKILL);
+        });
     }
 }
 

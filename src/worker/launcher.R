@@ -1,12 +1,16 @@
 # valve worker launcher. valve carries this file inside its binary, writes it to
-# its private run directory and starts `R --file=` on it once per worker.
-# It serves the API exactly as `library(plumber); pr_run(pr(file))` would, but on
-# a Unix socket (httpuv's pipe server) that only valve can reach.
+# its private run directory and starts `R --file=` on it.
 #
+# VALVE_MODE=plain: load the API and serve it on VALVE_SOCKET.
+# VALVE_MODE=preload: load the API once, then fork a worker for each line
+#   `fork ID SOCKET FIFO` valve writes on stdin; exit when stdin closes.
+#
+# Each worker serves the API exactly as `library(plumber); pr_run(pr(file))`
+# would, but on a Unix socket (httpuv's pipe server) that only valve can reach.
 # Exit codes valve understands: 3 = a required R package is missing,
 # 4 = the API failed to load (R's message is on stderr).
 local({
-  socket <- Sys.getenv("VALVE_SOCKET")
+  mode <- Sys.getenv("VALVE_MODE", "plain")
   app_path <- Sys.getenv("VALVE_APP")
   app_kind <- Sys.getenv("VALVE_APP_KIND")
   public_host <- Sys.getenv("VALVE_PUBLIC_HOST", "127.0.0.1")
@@ -32,20 +36,104 @@ local({
     error = function(e) fail(4, "the API failed to load: ", conditionMessage(e))
   )
 
+  # The API may ask for set-up in every worker (a database connection, say):
+  # options(valve.on_worker_start = function() ...). With --preload it runs in
+  # each fork, after the fork, never in the parent.
+  on_worker_start <- function() {
+    hook <- getOption("valve.on_worker_start")
+    if (is.function(hook)) hook()
+  }
+
   # Plumber's run() does the set-up users rely on (docs, debug, hooks, working
   # directory) and ends in httpuv::runServer(host, port, app). valve keeps all of
   # that and swaps that last call for a pipe server on valve's private socket.
-  serve_on_socket <- function(host, port, app, interruptIntervalMs = NULL) {
-    ping <- list(status = 200L, headers = list("Content-Type" = "text/plain"), body = "valve-worker-ready")
-    wrapped <- list(call = function(req) {
-      if (identical(req$PATH_INFO, "/__valve__/ping")) ping else app$call(req)
-    })
-    if (is.function(app$onHeaders)) wrapped$onHeaders <- function(req) app$onHeaders(req)
-    if (is.function(app$onWSOpen)) wrapped$onWSOpen <- function(ws) app$onWSOpen(ws)
-    server <- httpuv::startPipeServer(socket, strtoi("077", 8L), wrapped)
-    on.exit(httpuv::stopServer(server))
-    httpuv::service(0)
+  serve <- function(socket) {
+    ping <- list(
+      status = 200L, headers = list("Content-Type" = "text/plain"),
+      body = paste("valve-worker-ready", Sys.getpid())
+    )
+    serve_on_socket <- function(host, port, app, interruptIntervalMs = NULL) {
+      wrapped <- list(call = function(req) {
+        if (identical(req$PATH_INFO, "/__valve__/ping")) ping else app$call(req)
+      })
+      if (is.function(app$onHeaders)) wrapped$onHeaders <- function(req) app$onHeaders(req)
+      if (is.function(app$onWSOpen)) wrapped$onWSOpen <- function(ws) app$onWSOpen(ws)
+      server <- httpuv::startPipeServer(socket, strtoi("077", 8L), wrapped)
+      on.exit(httpuv::stopServer(server))
+      httpuv::service(0)
+    }
+    utils::assignInNamespace("runServer", serve_on_socket, ns = "httpuv")
+    router$run(host = public_host, port = public_port, quiet = TRUE)
   }
-  utils::assignInNamespace("runServer", serve_on_socket, ns = "httpuv")
-  router$run(host = public_host, port = public_port, quiet = TRUE)
+
+  if (identical(mode, "plain")) {
+    on_worker_start()
+    serve(Sys.getenv("VALVE_SOCKET"))
+    quit(save = "no")
+  }
+
+  # --preload: this process is the parent; it only forks.
+  valve_pid <- Sys.getenv("VALVE_PID")
+  valve_start <- Sys.getenv("VALVE_START_TIME")
+  valve_alive <- function() {
+    stat <- tryCatch(readLines(sprintf("/proc/%s/stat", valve_pid), warn = FALSE), error = function(e) "")
+    fields <- strsplit(sub(".*\\) ", "", stat[1]), " ", fixed = TRUE)[[1]]
+    length(fields) >= 20 && identical(fields[20], valve_start)
+  }
+
+  become_worker <- function(id, socket, fifo) {
+    # Output goes to valve through this fork's own channel, pid first.
+    # Opened read-write: unlike a write-only open, that never blocks waiting for a reader.
+    out <- file(fifo, open = "w+", raw = TRUE)
+    writeLines(paste("valve-fork-pid", Sys.getpid()), out)
+    flush(out)
+    sink(out)
+    sink(out, type = "message")
+    Sys.setenv(VALVE_WORKER_ID = id, VALVE_SOCKET = socket)
+    # A fresh individual: R seeds its generator from the time and pid on next use.
+    if (exists(".Random.seed", envir = globalenv(), inherits = FALSE)) {
+      rm(".Random.seed", envir = globalenv())
+    }
+    # Its own temporary directory (tempdir() and tempfile() use it).
+    own_tmp <- file.path(tempdir(), paste0("worker-", id))
+    dir.create(own_tmp, showWarnings = FALSE)
+    base <- baseenv()
+    unlockBinding("tempdir", base)
+    assign("tempdir", function(check = FALSE) own_tmp, envir = base)
+    lockBinding("tempdir", base)
+    Sys.setenv(TMPDIR = own_tmp)
+    # R's own exit sequence can deadlock in a fork (it waits on threads that were
+    # not copied), so quit() and q() end the fork at once.
+    exit_now <- function(save = "default", status = 0, runLast = TRUE) {
+      try(flush(out), silent = TRUE)
+      parallel:::mcexit(as.integer(status))
+    }
+    for (name in c("quit", "q")) {
+      unlockBinding(name, base)
+      assign(name, exit_now, envir = base)
+      lockBinding(name, base)
+    }
+    # A fork cannot carry a parent-death signal: it checks on valve itself.
+    watchdog <- function() {
+      if (!valve_alive()) tools::pskill(Sys.getpid(), tools::SIGKILL)
+      later::later(watchdog, 1)
+    }
+    later::later(watchdog, 1)
+    on_worker_start()
+    serve(socket)
+    exit_now(status = 0)
+  }
+
+  commands <- file("stdin", open = "r")
+  repeat {
+    line <- readLines(commands, n = 1)
+    if (length(line) == 0) quit(save = "no", status = 0)
+    words <- strsplit(line, " ", fixed = TRUE)[[1]]
+    if (length(words) != 4 || words[1] != "fork") next
+    child <- parallel:::mcfork(estranged = TRUE)
+    if (inherits(child, "masterProcess")) {
+      close(commands)
+      become_worker(words[2], words[3], words[4])
+    }
+  }
 })

@@ -1,14 +1,17 @@
 //! How one R worker is started, reached, watched and stopped. This is the only
 //! module that creates or signals processes.
 //!
-//! A worker is `R --file=launcher.R` (the launcher is embedded in the binary)
-//! serving the API on its own Unix socket inside valve's private 0700 run
-//! directory. Each worker is the leader of its own process group, so a signal to
-//! the group reaches anything it started, and carries a parent-death signal so
-//! it dies with valve even when valve is SIGKILLed.
+//! A worker serves the API on its own Unix socket inside valve's private 0700
+//! run directory. It is either a plain process (`R --file=launcher.R`, the
+//! leader of its own process group, with a parent-death signal so it dies with
+//! valve even when valve is SIGKILLed) or, with `--preload`, a fork of one
+//! parent R process that loaded the API once (see `fork.rs`).
+
+mod fork;
 
 use std::collections::VecDeque;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -17,10 +20,11 @@ use std::time::Duration;
 
 use http_body_util::{BodyExt, Either, Empty};
 use hyper_util::rt::TokioIo;
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::body::ReqBody;
 use crate::config::App;
@@ -34,6 +38,9 @@ const PING_PATH: &str = "/__valve__/ping";
 
 /// How many of a worker's last output lines are kept to explain a failed start.
 const TAIL_LINES: usize = 40;
+
+/// How often a starting worker's socket is probed.
+const PROBE_EVERY: Duration = Duration::from_millis(2);
 
 /// One HTTP/1.1 connection to a worker's socket, kept alive between requests.
 pub type Conn = hyper::client::conn::http1::SendRequest<ReqBody>;
@@ -62,6 +69,50 @@ impl Spec {
     pub fn socket_path(&self, id: WorkerId) -> PathBuf {
         self.run_dir.path().join(format!("w{id}.sock"))
     }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.run_dir.path().join(name)
+    }
+
+    /// `R --file=launcher.R` with the environment every launcher mode reads.
+    fn command(&self, mode: &str) -> Command {
+        let mut cmd = Command::new(&self.r_bin);
+        cmd.arg("--no-echo")
+            .arg("--no-restore")
+            .arg("--no-save")
+            .arg(format!("--file={}", self.launcher.display()))
+            .current_dir(self.app.workdir())
+            .env("VALVE_MODE", mode)
+            .env("VALVE_APP", self.app.path())
+            .env(
+                "VALVE_APP_KIND",
+                match self.app {
+                    App::PlumberFile(_) => "plumber-file",
+                    App::PlumberDir(_) => "plumber-dir",
+                },
+            )
+            .env("VALVE_PUBLIC_HOST", &self.public_host)
+            .env("VALVE_PUBLIC_PORT", self.public_port.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let parent = std::process::id();
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // valve may have died between fork and prctl; then nobody would kill us.
+                if libc::getppid() as u32 != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
 }
 
 /// The last lines a worker printed, kept to explain why it failed.
@@ -82,14 +133,71 @@ impl Tail {
     }
 }
 
+/// Whom to signal to stop a worker, and how to read its memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Not known yet (a fork before it answered).
+    Unknown,
+    /// A plain worker: the leader of its own process group.
+    Group(u32),
+    /// A forked worker: it shares its parent's group, so only itself.
+    Fork(u32),
+}
+
+impl Target {
+    pub fn pid(self) -> Option<u32> {
+        match self {
+            Target::Unknown => None,
+            Target::Group(pid) | Target::Fork(pid) => Some(pid),
+        }
+    }
+
+    /// Sends `signal` to the worker (and, for a plain worker, all it started).
+    pub fn signal(self, signal: libc::c_int) {
+        let target = match self {
+            Target::Unknown => return,
+            Target::Group(pid) => -(pid as libc::pid_t),
+            Target::Fork(pid) => pid as libc::pid_t,
+        };
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe {
+            libc::kill(target, signal);
+        }
+    }
+
+    /// The memory that is the worker's own: RSS for a plain worker; for a
+    /// fork, its private pages only, since the pages it shares with its parent
+    /// cost nothing extra.
+    pub fn memory_bytes(self) -> Option<u64> {
+        match self {
+            Target::Unknown => None,
+            Target::Group(pid) => rss_bytes(pid),
+            Target::Fork(pid) => private_bytes(pid),
+        }
+    }
+}
+
+/// How valve learns that a worker exited.
+#[derive(Debug)]
+enum Watch {
+    /// valve's own child.
+    Child(Child),
+    /// A fork: its parent's exit until its pid is known, then a pidfd.
+    Fork {
+        parent: watch::Receiver<Option<fork::ParentExit>>,
+        pid: Option<oneshot::Receiver<u32>>,
+        pidfd: Option<AsyncFd<OwnedFd>>,
+    },
+}
+
 /// A running worker process.
 #[derive(Debug)]
 pub struct Process {
     pub id: WorkerId,
-    pub pid: u32,
+    pub target: Target,
     pub socket: PathBuf,
     pub tail: Arc<Tail>,
-    child: Child,
+    watch: Watch,
 }
 
 /// Why a worker did not come up.
@@ -124,13 +232,12 @@ impl StartError {
 /// signal when the *thread* that forked a child exits, so children must not be
 /// forked from threads that come and go (tokio's blocking pool).
 #[derive(Clone, Debug)]
-pub struct Spawner {
+struct Spawner {
     jobs: std::sync::mpsc::Sender<(Command, oneshot::Sender<io::Result<Child>>)>,
 }
 
 impl Spawner {
-    /// Must be called inside the tokio runtime that will own the children.
-    pub fn new() -> io::Result<Self> {
+    fn new() -> io::Result<Self> {
         let handle = tokio::runtime::Handle::current();
         let (jobs, rx) = std::sync::mpsc::channel::<(Command, oneshot::Sender<io::Result<Child>>)>();
         std::thread::Builder::new().name("valve-spawner".into()).spawn(move || {
@@ -142,54 +249,11 @@ impl Spawner {
         Ok(Spawner { jobs })
     }
 
-    async fn spawn(&self, cmd: Command) -> io::Result<Child> {
+    async fn spawn(&self, spec: &Spec, cmd: Command) -> Result<Child, StartError> {
         let (tx, rx) = oneshot::channel();
-        self.jobs.send((cmd, tx)).map_err(|_| io::Error::other("spawner thread is gone"))?;
-        rx.await.map_err(|_| io::Error::other("spawner thread is gone"))?
-    }
-
-    /// Launches worker `id`. It is not ready until `wait_ready` says so.
-    pub async fn launch(&self, spec: &Spec, id: WorkerId) -> Result<Process, StartError> {
-        let socket = spec.socket_path(id);
-        let _ = std::fs::remove_file(&socket);
-        let mut cmd = Command::new(&spec.r_bin);
-        cmd.arg("--no-echo")
-            .arg("--no-restore")
-            .arg("--no-save")
-            .arg(format!("--file={}", spec.launcher.display()))
-            .current_dir(spec.app.workdir())
-            .env("VALVE_SOCKET", &socket)
-            .env("VALVE_APP", spec.app.path())
-            .env(
-                "VALVE_APP_KIND",
-                match spec.app {
-                    App::PlumberFile(_) => "plumber-file",
-                    App::PlumberDir(_) => "plumber-dir",
-                },
-            )
-            .env("VALVE_PUBLIC_HOST", &spec.public_host)
-            .env("VALVE_PUBLIC_PORT", spec.public_port.to_string())
-            .env("VALVE_WORKER_ID", id.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        let parent = std::process::id();
-        // SAFETY: only async-signal-safe calls between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // valve may have died between fork and prctl; then nobody would kill us.
-                if libc::getppid() as u32 != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-        }
-        let mut child = self.spawn(cmd).await.map_err(|e| StartError::NoR {
+        let gone = || StartError::Io(io::Error::other("spawner thread is gone"));
+        self.jobs.send((cmd, tx)).map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?.map_err(|e| StartError::NoR {
             r_bin: spec.r_bin.display().to_string(),
             reason: match e.kind() {
                 io::ErrorKind::NotFound => {
@@ -198,22 +262,61 @@ impl Spawner {
                 io::ErrorKind::PermissionDenied => "permission denied (is it executable?)".into(),
                 _ => e.to_string(),
             },
-        })?;
-        let pid = child.id().ok_or_else(|| io::Error::other("worker exited at once"))?;
-        let tail = Arc::new(Tail::default());
-        if let Some(out) = child.stdout.take() {
-            tokio::spawn(forward_output(out, id, pid, "stdout", tail.clone()));
-        }
-        if let Some(err) = child.stderr.take() {
-            tokio::spawn(forward_output(err, id, pid, "stderr", tail.clone()));
-        }
-        tracing::debug!(worker = id, pid, "worker launched");
-        Ok(Process { id, pid, socket, tail, child })
+        })
     }
 }
 
-/// Turns each line a worker prints into a log event carrying the worker's id.
-async fn forward_output(stream: impl AsyncRead + Unpin, id: WorkerId, pid: u32, name: &'static str, tail: Arc<Tail>) {
+/// Starts workers: plain R processes, or forks of a preloaded parent.
+#[derive(Debug)]
+pub struct Launcher {
+    spec: Spec,
+    spawner: Spawner,
+    forks: Option<fork::ForkServer>,
+}
+
+impl Launcher {
+    /// Must be called inside the tokio runtime that will own the workers.
+    pub fn new(spec: Spec, preload: bool) -> io::Result<Self> {
+        Ok(Launcher { spec, spawner: Spawner::new()?, forks: preload.then(fork::ForkServer::new) })
+    }
+
+    /// Launches worker `id`. It is not ready until `wait_ready` says so.
+    pub async fn launch(&self, id: WorkerId) -> Result<Process, StartError> {
+        let socket = self.spec.socket_path(id);
+        let _ = std::fs::remove_file(&socket);
+        if let Some(forks) = &self.forks {
+            return forks.fork(&self.spec, &self.spawner, id, socket).await;
+        }
+        let mut cmd = self.spec.command("plain");
+        cmd.env("VALVE_SOCKET", &socket).env("VALVE_WORKER_ID", id.to_string()).stdin(Stdio::null());
+        let mut child = self.spawner.spawn(&self.spec, cmd).await?;
+        let pid = child.id().ok_or_else(|| io::Error::other("worker exited at once"))?;
+        let tail = Arc::new(Tail::default());
+        forward_output(&mut child, id, tail.clone());
+        tracing::debug!(worker = id, pid, "worker launched");
+        Ok(Process { id, target: Target::Group(pid), socket, tail, watch: Watch::Child(child) })
+    }
+
+    /// Stops the preload parent, if any (after the workers are gone).
+    pub async fn shutdown(&self) {
+        if let Some(forks) = &self.forks {
+            forks.shutdown().await;
+        }
+    }
+}
+
+/// Turns each line a process prints into a log event carrying the worker's id.
+fn forward_output(child: &mut Child, id: WorkerId, tail: Arc<Tail>) {
+    let pid = child.id().unwrap_or_default();
+    if let Some(out) = child.stdout.take() {
+        tokio::spawn(log_lines(out, id, pid, "stdout", tail.clone()));
+    }
+    if let Some(err) = child.stderr.take() {
+        tokio::spawn(log_lines(err, id, pid, "stderr", tail));
+    }
+}
+
+async fn log_lines(stream: impl AsyncRead + Unpin, id: WorkerId, pid: u32, name: &'static str, tail: Arc<Tail>) {
     let mut lines = BufReader::new(stream).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         tracing::info!(target: "valve::worker::output", worker = id, pid, stream = name, "{line}");
@@ -225,39 +328,105 @@ impl Process {
     /// Waits until the worker answers on its socket, or fails if it exits first or
     /// takes longer than `timeout`. Returns the connection that proved it ready.
     pub async fn wait_ready(&mut self, timeout: Duration) -> Result<Conn, StartError> {
-        let socket = self.socket.clone();
+        let Process { socket, tail, watch, target, .. } = self;
         let probe = async {
             loop {
-                if let Ok(conn) = probe(&socket).await {
-                    return conn;
+                if let Ok(ready) = probe(socket).await {
+                    return ready;
                 }
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                tokio::time::sleep(PROBE_EVERY).await;
             }
         };
-        tokio::select! {
-            conn = tokio::time::timeout(timeout, probe) => {
-                conn.map_err(|_| StartError::Timeout(timeout, self.tail.lines()))
+        let exited = async {
+            match watch {
+                Watch::Child(child) => {
+                    let status = child.wait().await;
+                    // Let the output readers catch R's last words.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    match status {
+                        Ok(status) => {
+                            StartError::Exited { status: describe(status), code: status.code(), tail: tail.lines() }
+                        }
+                        Err(e) => StartError::Io(e),
+                    }
+                }
+                Watch::Fork { parent, pid, pidfd } => {
+                    let parent_exit = async {
+                        fork::parent_gone(parent.wait_for(Option::is_some).await.ok().and_then(|w| w.clone()))
+                    };
+                    tokio::pin!(parent_exit);
+                    if let Some(rx) = pid.take() {
+                        tokio::select! {
+                            error = &mut parent_exit => return error,
+                            got = rx => if let Ok(p) = got {
+                                *target = Target::Fork(p);
+                                *pidfd = pidfd_open(p).ok();
+                            },
+                        }
+                    }
+                    match pidfd {
+                        Some(fd) => tokio::select! {
+                            error = &mut parent_exit => error,
+                            _ = fd.readable() => {
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                                StartError::Exited { status: "the fork exited".into(), code: None, tail: tail.lines() }
+                            }
+                        },
+                        None => parent_exit.await,
+                    }
+                }
             }
-            status = self.child.wait() => {
-                let status = status?;
-                // Let the output readers catch R's last words.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                Err(StartError::Exited { status: describe(status), code: status.code(), tail: self.tail.lines() })
+        };
+        let (conn, pid) = tokio::select! {
+            ready = tokio::time::timeout(timeout, probe) => {
+                ready.map_err(|_| StartError::Timeout(timeout, self.tail.lines()))?
+            }
+            error = exited => return Err(error),
+        };
+        if let Watch::Fork { pidfd, .. } = &mut self.watch {
+            self.target = Target::Fork(pid);
+            if pidfd.is_none() {
+                *pidfd = pidfd_open(pid).ok();
             }
         }
+        Ok(conn)
     }
 
     /// Waits for the process to exit and describes how it did.
     pub async fn wait(&mut self) -> String {
-        match self.child.wait().await {
-            Ok(status) => describe(status),
-            Err(e) => format!("unknown ({e})"),
+        match &mut self.watch {
+            Watch::Child(child) => match child.wait().await {
+                Ok(status) => describe(status),
+                Err(e) => format!("unknown ({e})"),
+            },
+            Watch::Fork { pidfd: Some(fd), .. } => {
+                // A pidfd turns readable when the process exits; its parent reaps it.
+                let _ = fd.readable().await;
+                "exited (a fork: its parent collects the status)".to_string()
+            }
+            Watch::Fork { pidfd: None, .. } => "exited before it could be watched".to_string(),
         }
     }
 }
 
+/// Opens a pidfd: a file descriptor that becomes readable when `pid` exits,
+/// even though `pid` is not valve's child.
+fn pidfd_open(pid: u32) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor was just created and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    debug_assert!(fd.as_raw_fd() >= 0);
+    // SAFETY: the AsyncFd owns the descriptor and deregisters it before closing it.
+    unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
+}
+
 /// Connects to a worker's socket and checks it answers the readiness path.
-async fn probe(socket: &Path) -> io::Result<Conn> {
+/// The answer carries the worker's pid.
+async fn probe(socket: &Path) -> io::Result<(Conn, u32)> {
     let mut conn = connect(socket).await?;
     let req = http::Request::get(PING_PATH)
         .header(http::header::HOST, "valve")
@@ -266,11 +435,11 @@ async fn probe(socket: &Path) -> io::Result<Conn> {
     conn.ready().await.map_err(io::Error::other)?;
     let resp = conn.send_request(req).await.map_err(io::Error::other)?;
     let ok = resp.status() == http::StatusCode::OK;
-    resp.into_body().collect().await.map_err(io::Error::other)?;
-    if ok {
-        Ok(conn)
-    } else {
-        Err(io::Error::other("worker answered the readiness probe with an error"))
+    let body = resp.into_body().collect().await.map_err(io::Error::other)?.to_bytes();
+    let pid = std::str::from_utf8(&body).ok().and_then(|b| b.strip_prefix("valve-worker-ready ")?.trim().parse().ok());
+    match (ok, pid) {
+        (true, Some(pid)) => Ok((conn, pid)),
+        _ => Err(io::Error::other("worker answered the readiness probe with an error")),
     }
 }
 
@@ -284,14 +453,6 @@ pub async fn connect(socket: &Path) -> io::Result<Conn> {
         }
     });
     Ok(sender)
-}
-
-/// Sends `signal` to a worker's whole process group.
-pub fn signal_group(pid: u32, signal: libc::c_int) {
-    // SAFETY: kill(2) has no memory-safety preconditions; a negative pid names the group.
-    unsafe {
-        libc::kill(-(pid as libc::pid_t), signal);
-    }
 }
 
 fn describe(status: ExitStatus) -> String {
@@ -309,4 +470,22 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     Some(pages * u64::try_from(page).ok()?)
+}
+
+/// A process's private memory (not shared with any other process) in bytes.
+pub fn private_bytes(pid: u32) -> Option<u64> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let kb: u64 = rollup
+        .lines()
+        .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum();
+    Some(kb * 1024)
+}
+
+/// A process's proportional share of memory (PSS) in bytes.
+pub fn pss_bytes(pid: u32) -> Option<u64> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let kb: u64 = rollup.lines().find(|l| l.starts_with("Pss:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }

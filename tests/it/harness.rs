@@ -62,6 +62,17 @@ pub fn children(pid: u32) -> Vec<u32> {
     out
 }
 
+fn is_preload_parent(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .map(|env| env.split(|b| *b == 0).any(|kv| kv == b"VALVE_MODE=preload"))
+        .unwrap_or(false)
+}
+
+/// Whether this test run drives valve with `--preload` (VALVE_PRELOAD=true).
+pub fn preloading() -> bool {
+    std::env::var("VALVE_PRELOAD").is_ok_and(|v| v == "true" || v == "1")
+}
+
 /// A running valve with its output captured.
 pub struct Valve {
     child: Child,
@@ -173,9 +184,30 @@ impl Valve {
         self.child.id()
     }
 
-    /// The R worker processes valve runs now.
+    /// The R worker processes valve runs now: its children, or with
+    /// `--preload` the forks of its preload parent.
     pub fn workers(&self) -> Vec<u32> {
-        children(self.pid())
+        let mut workers = Vec::new();
+        for child in children(self.pid()) {
+            if is_preload_parent(child) {
+                workers.extend(children(child));
+            } else {
+                workers.push(child);
+            }
+        }
+        workers
+    }
+
+    /// The preload parent, if valve runs with `--preload`.
+    pub fn preload_parent(&self) -> Option<u32> {
+        children(self.pid()).into_iter().find(|p| is_preload_parent(*p))
+    }
+
+    /// Every R process valve runs (workers and any preload parent).
+    pub fn r_processes(&self) -> Vec<u32> {
+        let mut all = self.workers();
+        all.extend(self.preload_parent());
+        all
     }
 
     pub fn log(&self) -> String {

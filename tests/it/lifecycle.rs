@@ -96,8 +96,8 @@ fn a_port_in_use_is_refused_clearly() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_drains_in_flight_requests_then_stops_every_worker() {
     let mut valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "-n", "2", "--n-min", "2"]);
-    let workers = valve.workers();
-    assert_eq!(workers.len(), 2);
+    assert_eq!(valve.workers().len(), 2);
+    let workers = valve.r_processes();
     let in_flight = tokio::spawn({
         let url = valve.get("/sleep?zzz=1");
         async move { client().get(url).send().await.map(|r| r.status().as_u16()) }
@@ -115,8 +115,8 @@ async fn sigterm_drains_in_flight_requests_then_stops_every_worker() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_of_valve_takes_the_workers_with_it() {
     let mut valve = Valve::start(&["-f", example().to_str().unwrap(), "-n", "3", "--n-min", "3"]);
-    let workers = valve.workers();
-    assert_eq!(workers.len(), 3);
+    assert_eq!(valve.workers().len(), 3);
+    let workers = valve.r_processes();
     valve.signal(libc::SIGKILL);
     valve.wait_exit(Duration::from_secs(5));
     wait_until("workers to die with valve", Duration::from_secs(5), || workers.iter().all(|p| !pid_alive(*p)));

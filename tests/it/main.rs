@@ -3,5 +3,6 @@
 mod fidelity;
 mod harness;
 mod lifecycle;
+mod preload;
 mod reliability;
 mod scaling;

@@ -90,5 +90,5 @@ async fn worker_output_reaches_the_log_with_its_id() {
     valve.wait_for_log("stdout-marker: m42", Duration::from_secs(5));
     valve.wait_for_log("stderr-marker: m42", Duration::from_secs(5));
     let line = valve.log().lines().find(|l| l.contains("stderr-marker: m42")).unwrap().to_string();
-    assert!(line.contains("worker=1") && line.contains("stderr"), "{line}");
+    assert!(line.contains("worker=1"), "{line}");
 }
