@@ -91,6 +91,19 @@ pub struct Args {
     #[arg(long, env = "VALVE_PRELOAD")]
     pub preload: bool,
 
+    /// Serve valve's own pages (/__valve__/healthz, readyz, metrics, status, the dashboard) on this
+    /// separate HOST:PORT instead of the main port, e.g. when the main port faces the internet.
+    #[arg(long = "admin-addr", env = "VALVE_ADMIN_ADDR", value_name = "HOST:PORT")]
+    pub admin_addr: Option<String>,
+
+    /// Turn off the access log (one line per request).
+    #[arg(long = "no-access-log", env = "VALVE_NO_ACCESS_LOG")]
+    pub no_access_log: bool,
+
+    /// Log format: text for people, json for log collectors.
+    #[arg(long = "log-format", env = "VALVE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+
     /// Seconds a client gets to send a request's headers before it is cut off.
     #[arg(long = "header-timeout", env = "VALVE_HEADER_TIMEOUT", default_value = "30", value_name = "SECONDS")]
     pub header_timeout: String,
@@ -147,6 +160,9 @@ pub struct Config {
     pub max_worker_memory: Option<u64>,
     pub header_timeout: Duration,
     pub preload: bool,
+    pub admin_addr: Option<String>,
+    pub access_log: bool,
+    pub log_json: bool,
 }
 
 /// Why a configuration was refused. Each message names the value and what to try.
@@ -265,6 +281,9 @@ impl Args {
                 .transpose()?,
             header_timeout: seconds("--header-timeout", &self.header_timeout, false)?,
             preload: self.preload,
+            admin_addr: self.admin_addr,
+            access_log: !self.no_access_log,
+            log_json: self.log_format == "json",
             app: resolve_app(&self.file)?,
             host: self.host,
             port: self.port,

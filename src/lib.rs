@@ -1,6 +1,8 @@
 //! valve: one port in front of a pool of R worker processes running a plumber API.
 //!
 //! Module map (see ARCHITECTURE.md for the invariants between them):
+//! - `admin`: valve's own pages under /__valve__/ (health, readiness, metrics, status, dashboard).
+//! - `metrics`: counters, histograms and the dashboard's history.
 //! - `body`: the request body sent to workers, with the body-size limit.
 //! - `config`: flags and `VALVE_*` variables in, a checked `Config` out.
 //! - `pool`: worker states, the wait queue and scaling decisions; pure logic.
@@ -10,8 +12,10 @@
 //! - `server`: the listener, connection handling and the drain on shutdown.
 //! - `shutdown`: the signals that stop valve, fanned out as tokens.
 
+pub mod admin;
 pub mod body;
 pub mod config;
+pub mod metrics;
 pub mod pool;
 pub mod proxy;
 pub mod server;

@@ -3,10 +3,12 @@
 //! were cut off at shutdown), 2 for bad flags.
 
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
+use valve::admin::Admin;
 use valve::config::{Args, Config};
 use valve::server::Drained;
 use valve::shutdown::Shutdown;
@@ -16,6 +18,9 @@ use valve::worker::StartError;
 const EXIT_START: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 
+/// How often the start-up reports progress while the first workers load.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
 fn main() -> ExitCode {
     let config = match Args::parse().into_config() {
         Ok(config) => config,
@@ -24,11 +29,13 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_env("VALVE_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+    let filter = EnvFilter::try_from_env("VALVE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if config.log_json {
+        logs.json().with_current_span(false).init();
+    } else {
+        logs.with_target(false).init();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.threads)
         .thread_name("valve")
@@ -69,6 +76,16 @@ async fn run(config: Config) -> ExitCode {
             return ExitCode::from(EXIT_START);
         }
     };
+    let admin_listener = match &config.admin_addr {
+        None => None,
+        Some(admin_addr) => match TcpListener::bind(admin_addr.as_str()).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("valve: error: cannot listen on --admin-addr {admin_addr}: {e} (pick another HOST:PORT)");
+                return ExitCode::from(EXIT_START);
+            }
+        },
+    };
     let sup = match Supervisor::new(&config, addr.port()) {
         Ok(s) => s,
         Err(e) => {
@@ -76,16 +93,46 @@ async fn run(config: Config) -> ExitCode {
             return ExitCode::from(EXIT_START);
         }
     };
-    tracing::info!(app = %config.app.path().display(), workers = config.n_min, "starting workers");
-    tokio::select! {
-        started = sup.start() => if let Err(e) = started {
-            report_start_error(&config, &e);
-            sup.shutdown().await;
-            return ExitCode::from(EXIT_START);
-        },
-        _ = shutdown.drain.cancelled() => {
-            sup.shutdown().await;
-            return ExitCode::SUCCESS;
+    let admin = Admin::new(sup.clone(), &config, shutdown.drain.clone());
+    let admin_on_main = match admin_listener {
+        Some(listener) => {
+            if let Ok(a) = listener.local_addr() {
+                println!("valve: admin pages on http://{a}/__valve__/");
+            }
+            valve::server::serve_admin(listener, admin);
+            None
+        }
+        None => Some(admin),
+    };
+    tokio::spawn(sup.clone().history_loop(shutdown.now.clone()));
+    // Serve at once: health checks answer while workers start, requests wait for them.
+    let server =
+        tokio::spawn(valve::server::run(listener, sup.clone(), shutdown.clone(), config.clone(), admin_on_main));
+
+    tracing::info!(app = %config.app.path().display(), workers = config.n_min, preload = config.preload, "starting workers");
+    let started = Instant::now();
+    let start = sup.start();
+    tokio::pin!(start);
+    let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+    loop {
+        tokio::select! {
+            result = &mut start => match result {
+                Ok(()) => break,
+                Err(e) => {
+                    report_start_error(&config, &e);
+                    sup.shutdown().await;
+                    return ExitCode::from(EXIT_START);
+                }
+            },
+            _ = progress.tick() => {
+                let g = sup.gauges();
+                tracing::info!(ready = g.idle + g.busy, wanted = config.n_min, waited_s = started.elapsed().as_secs(),
+                    "still starting workers");
+            }
+            _ = shutdown.drain.cancelled() => {
+                sup.shutdown().await;
+                return ExitCode::SUCCESS;
+            }
         }
     }
     let url = valve::server::display_addr(addr);
@@ -95,9 +142,9 @@ async fn run(config: Config) -> ExitCode {
         config.n_min,
         config.n_max
     );
-    match valve::server::run(listener, sup, shutdown, &config).await {
-        Drained::Clean => ExitCode::SUCCESS,
-        Drained::Cut => ExitCode::from(EXIT_START),
+    match server.await {
+        Ok(Drained::Clean) => ExitCode::SUCCESS,
+        _ => ExitCode::from(EXIT_START),
     }
 }
 

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -16,8 +16,10 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Either, Empty, Full};
 use hyper::body::Incoming;
 
+use crate::admin::Admin;
 use crate::body::{self, ReqBody, Upload, UploadError};
 use crate::config::Config;
+use crate::metrics::{ExitReason, Rejection};
 use crate::supervisor::{Lease, SendError, Supervisor, Unavailable};
 
 /// valve's own paths; never forwarded to R.
@@ -46,15 +48,31 @@ pub struct Proxy {
     sup: Arc<Supervisor>,
     max_body_size: u64,
     request_timeout: Option<Duration>,
+    access_log: bool,
+    /// valve's own pages, when they are served on the main port.
+    admin: Option<Arc<Admin>>,
 }
 
 /// How often a request that never reached a worker (its socket refused) is
 /// tried on another one before the client gets 502.
 const CONNECT_TRIES: usize = 3;
 
+/// Which worker served a request and how long it waited, for the access log.
+#[derive(Default)]
+struct Served {
+    worker: Option<u64>,
+    waited: Duration,
+}
+
 impl Proxy {
-    pub fn new(sup: Arc<Supervisor>, config: &Config) -> Arc<Self> {
-        Arc::new(Proxy { sup, max_body_size: config.max_body_size, request_timeout: config.request_timeout })
+    pub fn new(sup: Arc<Supervisor>, config: &Config, admin: Option<Arc<Admin>>) -> Arc<Self> {
+        Arc::new(Proxy {
+            sup,
+            max_body_size: config.max_body_size,
+            request_timeout: config.request_timeout,
+            access_log: config.access_log,
+            admin,
+        })
     }
 
     /// Answers one client request. Every failure becomes a short JSON answer.
@@ -64,10 +82,39 @@ impl Proxy {
         peer: SocketAddr,
     ) -> Result<Response<ProxyBody>, Infallible> {
         if req.uri().path().starts_with(RESERVED_PREFIX) {
-            return Ok(error(StatusCode::NOT_FOUND, "no such valve path"));
+            return Ok(match &self.admin {
+                Some(admin) => admin.handle(req.uri().path()),
+                None => error(StatusCode::NOT_FOUND, "no such valve path"),
+            });
         }
+        let start = Instant::now();
+        let method = req.method().clone();
+        // The path only: query strings can carry secrets.
+        let path = self.access_log.then(|| req.uri().path().to_owned());
+        let mut served = Served::default();
+        let resp = self.forward(req, peer, &mut served).await;
+        let took = start.elapsed();
+        let status = resp.status().as_u16();
+        self.sup.metrics.request(&method, status, took);
+        if let Some(path) = path {
+            tracing::info!(
+                target: "valve::access",
+                method = %method,
+                path = %path,
+                status,
+                duration_ms = took.as_secs_f64() * 1e3,
+                queue_ms = served.waited.as_secs_f64() * 1e3,
+                worker = served.worker,
+                "request"
+            );
+        }
+        Ok(resp)
+    }
+
+    async fn forward(&self, req: Request<Incoming>, peer: SocketAddr, served: &mut Served) -> Response<ProxyBody> {
         if declared_length(req.headers()).is_some_and(|len| len > self.max_body_size) {
-            return Ok(too_large(self.max_body_size));
+            self.sup.metrics.reject(Rejection::BodyTooLarge);
+            return too_large(self.max_body_size);
         }
         let root = req.uri().path() == "/" && matches!(*req.method(), Method::GET | Method::HEAD);
         let idempotent = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
@@ -78,17 +125,20 @@ impl Proxy {
         let (resp, mut lease) = loop {
             let mut lease = match self.sup.acquire().await {
                 Ok(lease) => lease,
-                Err(e) => return Ok(unavailable(&e)),
+                Err(e) => return unavailable(&e),
             };
             let worker = lease.worker();
+            served.worker = Some(worker);
+            served.waited += lease.waited();
             if let Err(e) = lease.connect().await {
                 tracing::warn!(worker, error = %e, "worker unreachable; taking it out of service");
-                lease.retire(libc::SIGKILL);
+                lease.retire(ExitReason::Broken);
                 refused += 1;
                 if refused < CONNECT_TRIES {
                     continue;
                 }
-                return Ok(error(StatusCode::BAD_GATEWAY, "no R worker could be reached"));
+                self.sup.metrics.reject(Rejection::WorkerFailed);
+                return error(StatusCode::BAD_GATEWAY, "no R worker could be reached");
             }
             match exchange(lease, outgoing, self.request_timeout).await {
                 Ok(answer) => break answer,
@@ -97,28 +147,34 @@ impl Proxy {
                         "the R worker took longer than --request-timeout ({}s) and was restarted",
                         limit.as_secs_f64()
                     );
-                    return Ok(error(StatusCode::GATEWAY_TIMEOUT, &msg));
+                    self.sup.metrics.reject(Rejection::RequestTimeout);
+                    return error(StatusCode::GATEWAY_TIMEOUT, &msg);
                 }
                 Err(SendError::Http(_, e)) => {
                     match body::upload_error(&e) {
-                        Some(UploadError::TooLarge(limit)) => return Ok(too_large(*limit)),
+                        Some(UploadError::TooLarge(limit)) => {
+                            self.sup.metrics.reject(Rejection::BodyTooLarge);
+                            return too_large(*limit);
+                        }
                         Some(UploadError::Client(_)) => {
-                            return Ok(error(StatusCode::BAD_REQUEST, "the request body could not be read"))
+                            return error(StatusCode::BAD_REQUEST, "the request body could not be read")
                         }
                         None => {}
                     }
                     tracing::warn!(worker, error = %e, "worker failed while handling a request; taking it out of service");
-                    self.sup.retire(worker, libc::SIGKILL);
+                    self.sup.retire(worker, ExitReason::Broken);
                     match spare.take() {
                         Some(again) => outgoing = again,
                         None => {
-                            return Ok(error(StatusCode::BAD_GATEWAY, "the R worker died while handling the request"))
+                            self.sup.metrics.reject(Rejection::WorkerFailed);
+                            return error(StatusCode::BAD_GATEWAY, "the R worker died while handling the request");
                         }
                     }
                 }
                 Err(e) => {
                     tracing::warn!(worker, error = %e, "request to worker failed");
-                    return Ok(error(StatusCode::BAD_GATEWAY, "the R worker failed to answer"));
+                    self.sup.metrics.reject(Rejection::WorkerFailed);
+                    return error(StatusCode::BAD_GATEWAY, "the R worker failed to answer");
                 }
             }
         };
@@ -127,9 +183,9 @@ impl Proxy {
             if resp.into_body().collect().await.is_ok() {
                 lease.set_reusable();
             }
-            return Ok(redirect(DOCS_PATH));
+            return redirect(DOCS_PATH);
         }
-        Ok(from_worker(resp, lease))
+        from_worker(resp, lease)
     }
 }
 
@@ -155,7 +211,7 @@ async fn exchange(
                         limit_s = limit.as_secs_f64(),
                         "request timed out; killing its worker"
                     );
-                    lease.retire(libc::SIGKILL);
+                    lease.retire(ExitReason::Timeout);
                     Err(SendError::Timeout(lease.worker(), limit))
                 }
             },

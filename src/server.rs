@@ -11,6 +11,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
+use crate::admin::Admin;
 use crate::config::Config;
 use crate::proxy::Proxy;
 use crate::shutdown::Shutdown;
@@ -27,9 +28,16 @@ pub enum Drained {
 
 /// Serves until `shutdown.drain` fires, then drains within --graceful-timeout
 /// (or until `shutdown.now`), then stops every worker.
-pub async fn run(listener: TcpListener, sup: Arc<Supervisor>, shutdown: Shutdown, config: &Config) -> Drained {
+pub async fn run(
+    listener: TcpListener,
+    sup: Arc<Supervisor>,
+    shutdown: Shutdown,
+    config: Config,
+    admin: Option<Arc<Admin>>,
+) -> Drained {
+    let config = &config;
     let grace = config.graceful_timeout;
-    let proxy = Proxy::new(sup.clone(), config);
+    let proxy = Proxy::new(sup.clone(), config, admin);
     let pruner = tokio::spawn(sup.clone().prune_loop(shutdown.drain.clone()));
     let connections = TaskTracker::new();
     let mut http = http1::Builder::new();
@@ -83,6 +91,36 @@ pub async fn run(listener: TcpListener, sup: Arc<Supervisor>, shutdown: Shutdown
     };
     sup.shutdown().await;
     drained
+}
+
+/// Serves valve's own pages on a listener of their own (`--admin-addr`), until
+/// valve exits: it stays up through the drain so readiness can say so.
+pub fn serve_admin(listener: TcpListener, admin: Arc<Admin>) {
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let admin = admin.clone();
+            let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                let admin = admin.clone();
+                async move {
+                    let path = req.uri().path();
+                    let resp = if path.starts_with(crate::proxy::RESERVED_PREFIX) {
+                        admin.handle(path)
+                    } else {
+                        crate::proxy::error(http::StatusCode::NOT_FOUND, "the admin listener serves /__valve__/ only")
+                    };
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            });
+            tokio::spawn(async move {
+                let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            });
+        }
+    });
 }
 
 /// The address to print for people: the bound one.

@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::body::ReqBody;
 use crate::config::Config;
+use crate::metrics::{ExitReason, Gauges, Metrics, Rejection};
 use crate::pool::{Limits, Pool, Release, State, WorkerId};
 use crate::worker::{self, Conn, Launcher, Spec, StartError, Target};
 
@@ -48,9 +49,8 @@ struct Live {
     target: Target,
     /// When the worker answered its readiness probe.
     ready_at: Option<Instant>,
-    /// valve asked it to stop for a planned reason (idle, recycled, shutdown),
-    /// so its exit is no surprise.
-    planned_stop: bool,
+    /// Why valve took it out of service, if it did.
+    stop_reason: Option<ExitReason>,
     socket: Arc<Path>,
     /// Open keep-alive connections to the worker's socket, ready for reuse.
     conns: Vec<Conn>,
@@ -91,18 +91,9 @@ pub struct Supervisor {
     queue_size: usize,
     queue_timeout: Duration,
     max_worker_memory: Option<u64>,
+    pub metrics: Arc<Metrics>,
     inner: Mutex<Inner>,
     tasks: TaskTracker,
-}
-
-/// A counted view of the pool, for logs.
-#[derive(Debug, Clone, Copy)]
-pub struct Counts {
-    pub starting: usize,
-    pub idle: usize,
-    pub busy: usize,
-    pub queued: usize,
-    pub n_max: usize,
 }
 
 impl Supervisor {
@@ -117,6 +108,7 @@ impl Supervisor {
             queue_size: config.queue_size,
             queue_timeout: config.queue_timeout,
             max_worker_memory: config.max_worker_memory,
+            metrics: Arc::new(Metrics::default()),
             inner: Mutex::new(Inner {
                 pool: Pool::new(Limits { n_min: config.n_min, n_max: config.n_max, max_requests: config.max_requests }),
                 live: HashMap::new(),
@@ -135,9 +127,58 @@ impl Supervisor {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn counts(&self) -> Counts {
+    pub fn gauges(&self) -> Gauges {
         let inner = self.lock();
         counts(&inner.pool)
+    }
+
+    /// Whether at least `n_min` workers answer.
+    pub fn ready(&self) -> bool {
+        let inner = self.lock();
+        let answering = inner.pool.count(State::Idle) + inner.pool.count(State::Busy);
+        inner.ever_ready && answering >= inner.pool.limits().n_min
+    }
+
+    /// Every worker and the queue, for `/__valve__/status`.
+    pub fn status(&self) -> serde_json::Value {
+        let inner = self.lock();
+        let now = Instant::now();
+        let workers: Vec<serde_json::Value> = inner
+            .pool
+            .slots()
+            .map(|(id, slot)| {
+                let target = inner.live.get(&id).map(|l| l.target).unwrap_or(Target::Unknown);
+                serde_json::json!({
+                    "id": id,
+                    "pid": target.pid(),
+                    "state": slot.state.as_str(),
+                    "requests": slot.served,
+                    "uptime_s": now.duration_since(slot.created).as_secs_f64(),
+                    "idle_s": (slot.state == State::Idle).then(|| now.duration_since(slot.last_used).as_secs_f64()),
+                    "memory_bytes": target.memory_bytes(),
+                    "forked": matches!(target, Target::Fork(_)),
+                })
+            })
+            .collect();
+        let g = counts(&inner.pool);
+        serde_json::json!({
+            "workers": workers,
+            "queue": { "waiting": g.queued, "limit": self.queue_size, "timeout_s": self.queue_timeout.as_secs_f64() },
+            "pool": { "starting": g.starting, "idle": g.idle, "busy": g.busy, "n_min": inner.pool.limits().n_min, "n_max": g.n_max },
+        })
+    }
+
+    /// Once a second, records a point of history for the dashboard.
+    pub async fn history_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let g = self.gauges();
+            self.metrics.tick(g.queued, g.busy, g.idle);
+        }
     }
 
     /// Starts `n_min` workers and waits until all of them answer. The first
@@ -170,12 +211,14 @@ impl Supervisor {
                 return Err(Unavailable::ShuttingDown);
             }
             if let Some(id) = inner.pool.checkout() {
+                self.metrics.queue_wait.observe(Duration::ZERO);
                 return Ok(self.lease(&mut inner, id));
             }
             if inner.pool.queue_len() >= self.queue_size {
                 // Clients that gave up while waiting still hold places: free them first.
                 inner.pool.retain_waiters(|w| !w.is_closed());
                 if inner.pool.queue_len() >= self.queue_size {
+                    self.metrics.reject(Rejection::QueueFull);
                     return Err(Unavailable::QueueFull);
                 }
             }
@@ -194,11 +237,22 @@ impl Supervisor {
             );
             self.spawn_worker(id, delay, None);
         }
-        match tokio::time::timeout(self.queue_timeout, rx).await {
-            Ok(Ok(lease)) => Ok(lease),
+        let queued = Instant::now();
+        let result = match tokio::time::timeout(self.queue_timeout, rx).await {
+            Ok(Ok(mut lease)) => {
+                lease.waited = queued.elapsed();
+                Ok(lease)
+            }
             Ok(Err(_)) => Err(Unavailable::ShuttingDown),
             Err(_) => Err(Unavailable::QueueTimeout),
+        };
+        self.metrics.queue_wait.observe(queued.elapsed());
+        match &result {
+            Err(Unavailable::QueueTimeout) => self.metrics.reject(Rejection::QueueTimeout),
+            Err(Unavailable::ShuttingDown) => self.metrics.reject(Rejection::ShuttingDown),
+            _ => {}
         }
+        result
     }
 
     fn lease(self: &Arc<Self>, inner: &mut Inner, id: WorkerId) -> Lease {
@@ -206,7 +260,7 @@ impl Supervisor {
             Some(live) => (live.conns.pop(), Some(live.socket.clone())),
             None => (None, None),
         };
-        Lease { sup: self.clone(), worker: id, socket, conn, reusable: false, armed: true }
+        Lease { sup: self.clone(), worker: id, socket, conn, reusable: false, armed: true, waited: Duration::ZERO }
     }
 
     /// Returns a worker after a request, with its connection if that can be reused,
@@ -230,22 +284,21 @@ impl Supervisor {
                     limit_mb = max >> 20,
                     "replacing worker: its memory passed --max-worker-memory"
                 );
-                return self.retire(id, libc::SIGTERM);
+                return self.retire(id, ExitReason::Memory);
             }
         }
         self.hand_on(&mut inner, id);
     }
 
-    /// Takes a worker out of service now and starts its replacement. SIGTERM
-    /// is a planned retirement (too big); SIGKILL is for a worker that is hung
-    /// or broken.
-    pub fn retire(self: &Arc<Self>, id: WorkerId, signal: libc::c_int) {
+    /// Takes a worker out of service now and starts its replacement. A planned
+    /// retirement (too big) gets SIGTERM; a hung or broken worker SIGKILL.
+    pub fn retire(self: &Arc<Self>, id: WorkerId, reason: ExitReason) {
         let mut inner = self.lock();
         let respawn = inner.pool.retire(id, Instant::now());
         if let Some(live) = inner.live.get_mut(&id) {
             live.conns.clear();
-            live.planned_stop |= signal == libc::SIGTERM;
-            signal_then_kill(live.target, signal);
+            live.stop_reason.get_or_insert(reason);
+            signal_then_kill(live.target, if reason.planned() { libc::SIGTERM } else { libc::SIGKILL });
         }
         let delay = inner.backoff();
         drop(inner);
@@ -273,7 +326,7 @@ impl Supervisor {
                 Release::Retire(respawn) => {
                     if let Some(live) = inner.live.get_mut(&id) {
                         live.conns.clear();
-                        live.planned_stop = true;
+                        live.stop_reason.get_or_insert(ExitReason::Recycled);
                         signal_then_kill(live.target, libc::SIGTERM);
                         tracing::info!(
                             worker = id,
@@ -328,7 +381,7 @@ impl Supervisor {
         {
             let mut inner = self.lock();
             let socket: Arc<Path> = Arc::from(process.socket.as_path());
-            let live = Live { target: process.target, ready_at: None, planned_stop: false, socket, conns: Vec::new() };
+            let live = Live { target: process.target, ready_at: None, stop_reason: None, socket, conns: Vec::new() };
             inner.live.insert(id, live);
             if inner.closing {
                 process.target.signal(libc::SIGTERM);
@@ -337,13 +390,14 @@ impl Supervisor {
         match process.wait_ready(self.start_timeout).await {
             Ok(conn) => {
                 let pid = process.target.pid();
+                self.metrics.spawn_duration.observe(launched.elapsed());
                 tracing::info!(worker = id, pid, startup_ms = launched.elapsed().as_millis() as u64, "worker ready");
                 let mut inner = self.lock();
                 if let Some(live) = inner.live.get_mut(&id) {
                     live.conns.push(conn);
                     live.ready_at = Some(Instant::now());
                     live.target = process.target;
-                    if live.planned_stop {
+                    if live.stop_reason.is_some() {
                         // Asked to stop while it was still starting.
                         process.target.signal(libc::SIGTERM);
                     }
@@ -374,6 +428,7 @@ impl Supervisor {
         error: StartError,
         report: Option<oneshot::Sender<Result<(), StartError>>>,
     ) {
+        self.metrics.exit(ExitReason::FailedStart);
         let mut inner = self.lock();
         inner.live.remove(&id);
         inner.record_failed_start();
@@ -401,7 +456,9 @@ impl Supervisor {
     fn exited(self: &Arc<Self>, id: WorkerId, pid: u32, status: &str) {
         let mut inner = self.lock();
         let live = inner.live.remove(&id);
-        let planned = live.as_ref().is_some_and(|l| l.planned_stop);
+        let reason = live.as_ref().and_then(|l| l.stop_reason).unwrap_or(ExitReason::Crashed);
+        self.metrics.exit(reason);
+        let planned = reason.planned();
         if !planned && live.and_then(|l| l.ready_at).is_some_and(|t| t.elapsed() < CRASH_WINDOW) {
             inner.record_failed_start();
         }
@@ -410,9 +467,11 @@ impl Supervisor {
         let delay = inner.backoff();
         drop(inner);
         if planned {
-            tracing::info!(worker = id, pid, status, "worker stopped");
-        } else {
+            tracing::info!(worker = id, pid, status, reason = reason.as_str(), "worker stopped");
+        } else if reason == ExitReason::Crashed {
             tracing::warn!(worker = id, pid, status, "worker exited unexpectedly");
+        } else {
+            tracing::warn!(worker = id, pid, status, reason = reason.as_str(), "worker exited unexpectedly");
         }
         for new in respawn {
             tracing::info!(worker = new, replaces = id, "starting worker to replace one that exited");
@@ -421,13 +480,13 @@ impl Supervisor {
     }
 
     /// Asks one worker to stop: SIGTERM to its group now, SIGKILL if it lingers.
-    fn stop(&self, inner: &mut Inner, id: WorkerId) {
+    fn stop(&self, inner: &mut Inner, id: WorkerId, reason: ExitReason) {
         inner.pool.stop(id);
         let Some(live) = inner.live.get_mut(&id) else {
             return;
         };
         live.conns.clear();
-        live.planned_stop = true;
+        live.stop_reason.get_or_insert(reason);
         signal_then_kill(live.target, libc::SIGTERM);
     }
 
@@ -444,7 +503,7 @@ impl Supervisor {
             let mut inner = self.lock();
             let stale = inner.pool.prune(Instant::now(), self.max_age);
             for id in &stale {
-                self.stop(&mut inner, *id);
+                self.stop(&mut inner, *id, ExitReason::Idle);
             }
             let c = counts(&inner.pool);
             drop(inner);
@@ -467,7 +526,7 @@ impl Supervisor {
             inner.closing = true;
             let waiting = inner.pool.drain_waiters();
             for id in inner.pool.stop_all() {
-                self.stop(&mut inner, id);
+                self.stop(&mut inner, id, ExitReason::Shutdown);
             }
             waiting
         };
@@ -491,8 +550,8 @@ fn signal_then_kill(target: Target, signal: libc::c_int) {
     }
 }
 
-fn counts<W>(pool: &Pool<W>) -> Counts {
-    Counts {
+fn counts<W>(pool: &Pool<W>) -> Gauges {
+    Gauges {
         starting: pool.count(State::Starting),
         idle: pool.count(State::Idle),
         busy: pool.count(State::Busy),
@@ -510,6 +569,7 @@ pub struct Lease {
     conn: Option<Conn>,
     reusable: bool,
     armed: bool,
+    waited: Duration,
 }
 
 /// Why a request could not be passed to a worker.
@@ -560,8 +620,13 @@ impl Lease {
     }
 
     /// Takes this lease's worker out of service (see `Supervisor::retire`).
-    pub fn retire(&self, signal: libc::c_int) {
-        self.sup.retire(self.worker, signal);
+    pub fn retire(&self, reason: ExitReason) {
+        self.sup.retire(self.worker, reason);
+    }
+
+    /// How long the request waited in the queue for this worker.
+    pub fn waited(&self) -> Duration {
+        self.waited
     }
 
     /// The response was read to its end: the connection can serve the next request.

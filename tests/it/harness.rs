@@ -138,7 +138,8 @@ impl Valve {
             let left = START_DEADLINE.checked_sub(start.elapsed()).unwrap_or_default();
             match rx.recv_timeout(left) {
                 Ok(line) => {
-                    if let Some(rest) = line.split(" on http://").nth(1) {
+                    if let Some(rest) = line.strip_prefix("valve: serving ").and_then(|l| l.split(" on http://").nth(1))
+                    {
                         let addr = rest.split_whitespace().next().unwrap();
                         return Valve { child, url: format!("http://{addr}"), log };
                     }

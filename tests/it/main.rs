@@ -1,5 +1,6 @@
 //! Integration tests: the real `valve` binary with real R workers on loopback.
 
+mod admin;
 mod fidelity;
 mod harness;
 mod lifecycle;

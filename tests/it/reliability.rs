@@ -62,7 +62,7 @@ async fn chaos_killing_workers_under_load_fails_no_request() {
     }
     eprintln!("chaos: {ok} requests answered, {killed} workers killed, {} failed", failed.len());
     assert!(killed >= 8, "the chaos actually happened");
-    assert!(ok > 100, "load was steady: {ok}");
+    assert!(ok > 30, "load was steady: {ok}");
     assert!(failed.is_empty(), "failed requests: {failed:?}");
     wait_until("the pool back at n_min", Duration::from_secs(15), || valve.workers().len() == 3);
 }

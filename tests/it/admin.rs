@@ -1,0 +1,154 @@
+//! valve's own pages: health, readiness, Prometheus metrics, status and the
+//! live dashboard (in a real headless Chromium).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::harness::{client, example, fixture, free_port, wait_until, Valve};
+
+/// Scrapes `/__valve__/metrics` with a real Prometheus text-format parser.
+async fn scrape(base: &str) -> prometheus_parse::Scrape {
+    let text = client().get(format!("{base}/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
+    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("valid Prometheus text format")
+}
+
+/// The value of one sample, found by metric name and labels.
+fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let want: HashMap<&str, &str> = labels.iter().copied().collect();
+    let sample = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name && want.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .unwrap_or_else(|| panic!("no sample {name} {labels:?}"));
+    match &sample.value {
+        prometheus_parse::Value::Counter(v)
+        | prometheus_parse::Value::Gauge(v)
+        | prometheus_parse::Value::Untyped(v) => *v,
+        prometheus_parse::Value::Histogram(buckets) => buckets.last().map(|b| b.count).unwrap_or(0.0),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_match_the_traffic_sent() {
+    let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "--max-body-size", "1KB"]);
+    let c = client();
+    for _ in 0..7 {
+        assert_eq!(c.get(valve.get("/pid")).send().await.unwrap().status(), 200);
+    }
+    for _ in 0..3 {
+        assert_eq!(c.get(valve.get("/no/such/route")).send().await.unwrap().status(), 404);
+    }
+    for _ in 0..2 {
+        assert_eq!(c.post(valve.get("/size")).body(vec![0u8; 4096]).send().await.unwrap().status(), 413);
+    }
+    let m = scrape(&valve.url).await;
+    assert_eq!(value(&m, "valve_requests_total", &[("method", "GET"), ("status", "200")]), 7.0);
+    assert_eq!(value(&m, "valve_requests_total", &[("method", "GET"), ("status", "404")]), 3.0);
+    assert_eq!(value(&m, "valve_requests_total", &[("method", "POST"), ("status", "413")]), 2.0);
+    assert_eq!(value(&m, "valve_request_duration_seconds_count", &[]), 12.0);
+    assert_eq!(value(&m, "valve_queue_wait_seconds_count", &[]), 10.0, "413s never queue");
+    assert_eq!(value(&m, "valve_rejected_requests_total", &[("reason", "body_too_large")]), 2.0);
+    assert_eq!(value(&m, "valve_workers", &[("state", "idle")]), 1.0);
+    assert_eq!(value(&m, "valve_workers", &[("state", "busy")]), 0.0);
+    assert_eq!(value(&m, "valve_queue_depth", &[]), 0.0);
+    assert_eq!(value(&m, "valve_worker_spawn_duration_seconds_count", &[]), 1.0);
+    assert_eq!(value(&m, "valve_worker_exits_total", &[("reason", "crashed")]), 0.0);
+    // valve's own pages are not counted as API traffic.
+    let m = scrape(&valve.url).await;
+    assert_eq!(value(&m, "valve_request_duration_seconds_count", &[]), 12.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_lists_every_worker_and_the_configuration() {
+    let valve = Valve::start(&["-f", example().to_str().unwrap(), "-n", "4", "--n-min", "2"]);
+    assert_eq!(client().get(valve.get("/__valve__/healthz")).send().await.unwrap().status(), 200);
+    assert_eq!(client().get(valve.get("/__valve__/readyz")).send().await.unwrap().status(), 200);
+    let status: serde_json::Value =
+        client().get(valve.get("/__valve__/status")).send().await.unwrap().json().await.unwrap();
+    let mut pids: Vec<u64> = status["workers"].as_array().unwrap().iter().map(|w| w["pid"].as_u64().unwrap()).collect();
+    pids.sort();
+    let mut real: Vec<u64> = valve.workers().into_iter().map(u64::from).collect();
+    real.sort();
+    assert_eq!(pids, real, "status shows the real worker pids");
+    assert_eq!(status["config"]["n_max"], 4);
+    assert_eq!(status["pool"]["idle"], 2);
+    assert!(status["workers"][0]["memory_bytes"].as_u64().unwrap() > 10 << 20, "{status}");
+    let resp = client().get(valve.get("/__valve__/nope")).send().await.unwrap();
+    assert_eq!(resp.status(), 404, "unknown valve paths are not forwarded to R");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readiness_flips_during_drain_on_a_separate_admin_port() {
+    let admin_port = free_port();
+    let admin_addr = format!("127.0.0.1:{admin_port}");
+    let mut valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "--admin-addr", &admin_addr]);
+    let admin = format!("http://{admin_addr}");
+    assert_eq!(client().get(format!("{admin}/__valve__/readyz")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        client().get(valve.get("/__valve__/readyz")).send().await.unwrap().status(),
+        404,
+        "with --admin-addr the main port does not serve valve's pages"
+    );
+    let slow = tokio::spawn({
+        let url = valve.get("/sleep?zzz=1.5");
+        async move { client().get(url).send().await.unwrap().status() }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    valve.signal(libc::SIGTERM);
+    wait_until("readyz to say draining", Duration::from_secs(2), || {
+        let r = std::process::Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", &format!("{admin}/__valve__/readyz")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&r.stdout) == "503"
+    });
+    let health = client().get(format!("{admin}/__valve__/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200, "liveness holds while draining");
+    assert_eq!(slow.await.unwrap(), 200);
+    assert_eq!(valve.wait_exit(Duration::from_secs(10)).code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn access_log_lines_carry_method_path_status_and_worker() {
+    let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap()]);
+    client().get(valve.get("/pid?secret=hunter2")).send().await.unwrap();
+    valve.wait_for_log("path=/pid", Duration::from_secs(5));
+    let line = valve.log().lines().find(|l| l.contains("path=/pid")).unwrap().to_string();
+    for field in ["method=GET", "status=200", "duration_ms=", "queue_ms=", "worker=1"] {
+        assert!(line.contains(field), "{field} in {line}");
+    }
+    assert!(!valve.log().contains("hunter2"), "query strings are not logged");
+
+    let quiet = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "--no-access-log", "--log-format", "json"]);
+    client().get(quiet.get("/pid")).send().await.unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!quiet.log().contains("\"path\""), "the access log can be turned off");
+    let first_json =
+        quiet.log().lines().find(|l| l.starts_with('{')).map(|l| serde_json::from_str::<serde_json::Value>(l).is_ok());
+    assert_eq!(first_json, Some(true), "--log-format json writes JSON lines");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dashboard_shows_every_worker_and_updates_live_in_chromium() {
+    let valve = Valve::start(&["-f", example().to_str().unwrap(), "-n", "3", "--n-min", "3"]);
+    let pids: Vec<String> = valve.workers().iter().map(|p| p.to_string()).collect();
+    assert_eq!(pids.len(), 3);
+    let browser_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+    let shot = std::env::temp_dir().join(format!("valve-dashboard-{}.png", std::process::id()));
+    let mut args = vec!["dashboard.mjs".to_string(), valve.url.clone(), shot.display().to_string()];
+    args.extend(pids);
+    let out = tokio::process::Command::new("node")
+        .args(&args)
+        .current_dir(&browser_dir)
+        .output()
+        .await
+        .expect("node runs (install nodejs, then `npm ci` in tests/browser, and Debian's chromium)");
+    eprintln!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the dashboard check failed in Chromium");
+    assert!(std::fs::metadata(&shot).map(|m| m.len() > 10_000).unwrap_or(false), "a screenshot was taken");
+    if let Ok(dest) = std::env::var("VALVE_DASHBOARD_SCREENSHOT") {
+        let _ = std::fs::copy(&shot, dest);
+    }
+    let _ = std::fs::remove_file(shot);
+}
