@@ -18,7 +18,8 @@ use clap::Parser;
 #[derive(Parser, Debug)]
 #[command(name = "valve", version, max_term_width = 100)]
 pub struct Args {
-    /// The plumber API: a file, or a directory holding entrypoint.R or plumber.R.
+    /// The app: a plumber file, or a directory holding entrypoint.R or plumber.R; or a Shiny app:
+    /// a directory holding app.R (or ui.R and server.R), or an app.R file ending in shinyApp().
     #[arg(short = 'f', long = "file", env = "VALVE_FILE", default_value = "plumber.R")]
     pub file: PathBuf,
 
@@ -104,6 +105,10 @@ pub struct Args {
     #[arg(long = "log-format", env = "VALVE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
 
+    /// Shiny: most sessions one worker holds; a new worker starts when all are full.
+    #[arg(long = "max-sessions", env = "VALVE_MAX_SESSIONS", default_value_t = 20, value_name = "N")]
+    pub max_sessions: usize,
+
     /// Seconds a client gets to send a request's headers before it is cut off.
     #[arg(long = "header-timeout", env = "VALVE_HEADER_TIMEOUT", default_value = "30", value_name = "SECONDS")]
     pub header_timeout: String,
@@ -116,13 +121,28 @@ pub enum App {
     PlumberFile(PathBuf),
     /// A directory with `entrypoint.R` or `plumber.R`, run as `plumb(dir = )` would.
     PlumberDir(PathBuf),
+    /// A Shiny app: a directory (`app.R`, or `ui.R` and `server.R`) or one file.
+    Shiny(PathBuf),
 }
 
 impl App {
     /// The path handed to R (absolute).
     pub fn path(&self) -> &Path {
         match self {
-            App::PlumberFile(p) | App::PlumberDir(p) => p,
+            App::PlumberFile(p) | App::PlumberDir(p) | App::Shiny(p) => p,
+        }
+    }
+
+    pub fn is_shiny(&self) -> bool {
+        matches!(self, App::Shiny(_))
+    }
+
+    /// How the launcher runs it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            App::PlumberFile(_) => "plumber-file",
+            App::PlumberDir(_) => "plumber-dir",
+            App::Shiny(_) => "shiny",
         }
     }
 
@@ -130,7 +150,8 @@ impl App {
     pub fn workdir(&self) -> &Path {
         match self {
             App::PlumberFile(p) => p.parent().unwrap_or(Path::new("/")),
-            App::PlumberDir(d) => d,
+            App::Shiny(p) if p.is_file() => p.parent().unwrap_or(Path::new("/")),
+            App::PlumberDir(d) | App::Shiny(d) => d,
         }
     }
 }
@@ -163,6 +184,7 @@ pub struct Config {
     pub admin_addr: Option<String>,
     pub access_log: bool,
     pub log_json: bool,
+    pub max_sessions: usize,
 }
 
 /// Why a configuration was refused. Each message names the value and what to try.
@@ -172,8 +194,12 @@ pub enum ConfigError {
     NotFound(String),
     #[error("cannot read API file {path}: {reason}")]
     Unreadable { path: String, reason: String },
-    #[error("directory {0} holds neither entrypoint.R nor plumber.R (pass the API file itself with -f)")]
+    #[error("directory {0} holds no entrypoint.R, plumber.R, app.R, or ui.R with server.R (pass the app file itself with -f)")]
     EmptyDir(String),
+    #[error("--preload runs plumber APIs only; {0} is a Shiny app (drop --preload)")]
+    PreloadShiny(String),
+    #[error("--max-sessions must be at least 1")]
+    ZeroSessions,
     #[error("--n-min {n_min} is above --n-max {n_max}: raise --n-max or lower --n-min")]
     MinAboveMax { n_min: usize, n_max: usize },
     #[error("--n-max must be at least 1")]
@@ -230,12 +256,16 @@ fn resolve_app(path: &Path) -> Result<App, ConfigError> {
     let abs = std::fs::canonicalize(path)
         .map_err(|e| ConfigError::Unreadable { path: shown.clone(), reason: e.to_string() })?;
     let (app, file) = if meta.is_dir() {
-        let file = ["entrypoint.R", "plumber.R"]
-            .iter()
-            .map(|name| abs.join(name))
-            .find(|p| p.is_file())
-            .ok_or(ConfigError::EmptyDir(shown.clone()))?;
-        (App::PlumberDir(abs), file)
+        let found = |name: &str| Some(abs.join(name)).filter(|p| p.is_file());
+        if let Some(file) = found("entrypoint.R").or_else(|| found("plumber.R")) {
+            (App::PlumberDir(abs), file)
+        } else if let Some(file) = found("app.R").or_else(|| found("server.R").filter(|_| found("ui.R").is_some())) {
+            (App::Shiny(abs), file)
+        } else {
+            return Err(ConfigError::EmptyDir(shown));
+        }
+    } else if is_shiny_file(&abs) {
+        (App::Shiny(abs.clone()), abs)
     } else {
         (App::PlumberFile(abs.clone()), abs)
     };
@@ -247,6 +277,17 @@ fn resolve_app(path: &Path) -> Result<App, ConfigError> {
         },
     })?;
     Ok(app)
+}
+
+/// A single file is a Shiny app when it calls `shinyApp()` and has no plumber
+/// annotations (`#* @get` and friends).
+fn is_shiny_file(path: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(path) else { return false };
+    let plumber = text.lines().any(|l| {
+        let l = l.trim_start();
+        (l.starts_with("#*") || l.starts_with("#'")) && l.contains('@')
+    });
+    !plumber && text.contains("shinyApp(")
 }
 
 impl Args {
@@ -262,6 +303,9 @@ impl Args {
         }
         if self.queue_size == 0 {
             return Err(ConfigError::ZeroQueue);
+        }
+        if self.max_sessions == 0 {
+            return Err(ConfigError::ZeroSessions);
         }
         let request_timeout = seconds("--request-timeout", &self.request_timeout, true)?;
         Ok(Config {
@@ -284,7 +328,11 @@ impl Args {
             admin_addr: self.admin_addr,
             access_log: !self.no_access_log,
             log_json: self.log_format == "json",
-            app: resolve_app(&self.file)?,
+            max_sessions: self.max_sessions,
+            app: match resolve_app(&self.file)? {
+                App::Shiny(p) if self.preload => return Err(ConfigError::PreloadShiny(p.display().to_string())),
+                app => app,
+            },
             host: self.host,
             port: self.port,
             threads: self.workers,

@@ -136,8 +136,9 @@ async fn run(config: Config) -> ExitCode {
         }
     }
     let url = valve::server::display_addr(addr);
+    let docs = if config.app.is_shiny() { String::new() } else { format!(" (docs: {url}/__docs__/)") };
     println!(
-        "valve: serving {} on {url} with {} worker(s), up to {} (docs: {url}/__docs__/)",
+        "valve: serving {} on {url} with {} worker(s), up to {}{docs}",
         config.app.path().display(),
         config.n_min,
         config.n_max

@@ -173,6 +173,7 @@ pub struct Metrics {
     pub spawn_duration: Histogram,
     exits: [AtomicU64; ExitReason::ALL.len()],
     rejected: [AtomicU64; Rejection::ALL.len()],
+    sessions_total: AtomicU64,
     history: Mutex<History>,
 }
 
@@ -191,6 +192,7 @@ impl Default for Metrics {
             spawn_duration: Histogram::new(),
             exits: Default::default(),
             rejected: Default::default(),
+            sessions_total: AtomicU64::new(0),
             history: Mutex::new(History {
                 points: VecDeque::with_capacity(HISTORY),
                 last_total: 0,
@@ -209,6 +211,10 @@ impl Metrics {
         let s = usize::from(status).min(STATUSES - 1);
         self.requests[method_index(method) * STATUSES + s].fetch_add(1, Relaxed);
         self.request_duration.observe(took);
+    }
+
+    pub fn session_opened(&self) {
+        self.sessions_total.fetch_add(1, Relaxed);
     }
 
     pub fn exit(&self, reason: ExitReason) {
@@ -288,6 +294,16 @@ impl Metrics {
             "# HELP valve_workers_max The most workers valve may run (--n-max).\n# TYPE valve_workers_max gauge\nvalve_workers_max {}",
             gauges.n_max
         );
+        let _ = writeln!(
+            out,
+            "# HELP valve_sessions Open Shiny sessions (WebSockets).\n# TYPE valve_sessions gauge\nvalve_sessions {}",
+            gauges.sessions
+        );
+        let _ = writeln!(
+            out,
+            "# HELP valve_sessions_total Shiny sessions opened.\n# TYPE valve_sessions_total counter\nvalve_sessions_total {}",
+            self.sessions_total.load(Relaxed)
+        );
         out.push_str("# HELP valve_worker_exits_total Workers that left the pool, by reason.\n");
         out.push_str("# TYPE valve_worker_exits_total counter\n");
         for r in ExitReason::ALL {
@@ -320,6 +336,8 @@ pub struct Gauges {
     pub busy: usize,
     pub queued: usize,
     pub n_max: usize,
+    /// Open Shiny sessions.
+    pub sessions: usize,
 }
 
 #[cfg(test)]

@@ -45,6 +45,24 @@ pub struct Slot {
     pub served: u64,
     /// Requests after which the worker is replaced (`--max-requests` plus jitter).
     pub limit: Option<u64>,
+    /// Shiny sessions the worker holds (open WebSockets). A worker with
+    /// sessions is never pruned.
+    pub sessions: usize,
+    /// Browsers sent to this worker whose WebSocket has not opened yet, and
+    /// when the last was sent (they stop counting after `PENDING_FOR`).
+    pub pending: usize,
+    pub pending_at: Instant,
+}
+
+/// How long a browser sent to a Shiny worker counts against it before its
+/// WebSocket opens.
+const PENDING_FOR: Duration = Duration::from_secs(30);
+
+impl Slot {
+    fn load(&self, now: Instant) -> usize {
+        let pending = if now.duration_since(self.pending_at) < PENDING_FOR { self.pending } else { 0 };
+        self.sessions + pending
+    }
 }
 
 /// How big the pool may be.
@@ -125,7 +143,19 @@ impl<W> Pool<W> {
         let id = self.next_id;
         self.next_id += 1;
         let limit = self.limits.max_requests.map(|n| jittered(n, id));
-        self.slots.insert(id, Slot { state: State::Starting, last_used: now, created: now, served: 0, limit });
+        self.slots.insert(
+            id,
+            Slot {
+                state: State::Starting,
+                last_used: now,
+                created: now,
+                served: 0,
+                limit,
+                sessions: 0,
+                pending: 0,
+                pending_at: now,
+            },
+        );
         id
     }
 
@@ -241,7 +271,7 @@ impl<W> Pool<W> {
         let mut stale: Vec<(Instant, WorkerId)> = self
             .slots
             .iter()
-            .filter(|(_, s)| s.state == State::Idle && now.duration_since(s.last_used) > max_age)
+            .filter(|(_, s)| s.state == State::Idle && s.load(now) == 0 && now.duration_since(s.last_used) > max_age)
             .map(|(id, s)| (s.last_used, *id))
             .collect();
         stale.sort();
@@ -254,6 +284,66 @@ impl<W> Pool<W> {
                 id
             })
             .collect()
+    }
+
+    /// Chooses the worker for a new Shiny session: the ready worker holding the
+    /// fewest sessions, below `max_sessions`. `Err(Some(id))`: none has room,
+    /// start worker `id`; `Err(None)`: none has room and the pool is full.
+    pub fn pick_for_session(&mut self, max_sessions: usize, now: Instant) -> Result<WorkerId, Option<WorkerId>> {
+        let best = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.state == State::Idle && s.load(now) < max_sessions)
+            .min_by_key(|(id, s)| (s.load(now), **id))
+            .map(|(id, _)| *id);
+        match best {
+            Some(id) => {
+                if let Some(slot) = self.slots.get_mut(&id) {
+                    if now.duration_since(slot.pending_at) >= PENDING_FOR {
+                        slot.pending = 0;
+                    }
+                    slot.pending += 1;
+                    slot.pending_at = now;
+                }
+                Ok(id)
+            }
+            None if self.count(State::Starting) > 0 => Err(None),
+            None if self.live() < self.limits.n_max => Err(Some(self.add_starting(now))),
+            None => Err(None),
+        }
+    }
+
+    /// A Shiny session's WebSocket opened on a worker.
+    pub fn session_opened(&mut self, id: WorkerId, now: Instant) {
+        if let Some(slot) = self.slots.get_mut(&id) {
+            slot.sessions += 1;
+            slot.pending = slot.pending.saturating_sub(1);
+            slot.last_used = now;
+        }
+    }
+
+    /// Open sessions across the pool.
+    pub fn sessions(&self) -> usize {
+        self.slots.values().map(|s| s.sessions).sum()
+    }
+
+    pub fn session_closed(&mut self, id: WorkerId, now: Instant) {
+        if let Some(slot) = self.slots.get_mut(&id) {
+            slot.sessions = slot.sessions.saturating_sub(1);
+            slot.last_used = now;
+        }
+    }
+
+    /// Counts one plain HTTP request on a Shiny worker (they share workers freely).
+    pub fn touch(&mut self, id: WorkerId, now: Instant) -> bool {
+        match self.slots.get_mut(&id) {
+            Some(slot) if slot.state == State::Idle => {
+                slot.served += 1;
+                slot.last_used = now;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Takes every waiter out of the queue (at shutdown).
@@ -299,6 +389,27 @@ mod tests {
             other => panic!("expected retirement, got {other:?}"),
         }
         assert_eq!(p.checkout(), None, "a retiring worker takes no more requests");
+    }
+
+    #[test]
+    fn sessions_go_to_the_least_loaded_worker_and_grow_the_pool_at_the_limit() {
+        let (mut p, now) = pool(2, 3);
+        let ids = p.fill_to_min(now);
+        ready_all(&mut p, &ids, now);
+        let mut picks = Vec::new();
+        for _ in 0..4 {
+            picks.push(p.pick_for_session(2, now).unwrap());
+        }
+        assert_eq!(picks, vec![1, 2, 1, 2], "fewest sessions first, counting browsers not yet connected");
+        for id in picks {
+            p.session_opened(id, now);
+        }
+        assert_eq!(p.pick_for_session(2, now), Err(Some(3)), "all full: start a worker");
+        assert_eq!(p.pick_for_session(2, now), Err(None), "one is starting already");
+        p.session_closed(1, now);
+        assert_eq!(p.pick_for_session(2, now), Ok(1));
+        let later = now + Duration::from_secs(100);
+        assert!(p.prune(later, Duration::from_secs(1)).is_empty(), "workers with sessions are never pruned");
     }
 
     #[test]

@@ -21,6 +21,10 @@ use crate::body::{self, ReqBody, Upload, UploadError};
 use crate::config::Config;
 use crate::metrics::{ExitReason, Rejection};
 use crate::supervisor::{Lease, SendError, Supervisor, Unavailable};
+use crate::worker;
+use hyper_util::rt::TokioIo;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// valve's own paths; never forwarded to R.
 pub const RESERVED_PREFIX: &str = "/__valve__/";
@@ -51,7 +55,19 @@ pub struct Proxy {
     access_log: bool,
     /// valve's own pages, when they are served on the main port.
     admin: Option<Arc<Admin>>,
+    /// Shiny: requests are routed by sticky cookie, WebSockets are proxied.
+    shiny: bool,
+    /// Names this valve run in sticky cookies, so a cookie from an earlier run
+    /// is not taken for a worker of this one.
+    run_nonce: String,
+    /// Open WebSocket sessions, so the drain can wait for them.
+    pub sessions: TaskTracker,
+    /// Fired when the drain gives up on open sessions.
+    pub close_sessions: CancellationToken,
 }
+
+/// The sticky cookie that ties a browser to its Shiny worker.
+const STICKY_COOKIE: &str = "valve_worker";
 
 /// How often a request that never reached a worker (its socket refused) is
 /// tried on another one before the client gets 502.
@@ -72,6 +88,10 @@ impl Proxy {
             request_timeout: config.request_timeout,
             access_log: config.access_log,
             admin,
+            shiny: config.app.is_shiny(),
+            run_nonce: format!("{:x}", u64::from(std::process::id()) ^ nonce_seed()),
+            sessions: TaskTracker::new(),
+            close_sessions: CancellationToken::new(),
         })
     }
 
@@ -92,7 +112,11 @@ impl Proxy {
         // The path only: query strings can carry secrets.
         let path = self.access_log.then(|| req.uri().path().to_owned());
         let mut served = Served::default();
-        let resp = self.forward(req, peer, &mut served).await;
+        let resp = if self.shiny {
+            self.forward_shiny(req, peer, &mut served).await
+        } else {
+            self.forward(req, peer, &mut served).await
+        };
         let took = start.elapsed();
         let status = resp.status().as_u16();
         self.sup.metrics.request(&method, status, took);
@@ -189,6 +213,131 @@ impl Proxy {
     }
 }
 
+impl Proxy {
+    /// Shiny: every request of a browser goes to its sticky worker; a WebSocket
+    /// upgrade is proxied both ways and counts as a session on that worker.
+    async fn forward_shiny(
+        &self,
+        mut req: Request<Incoming>,
+        peer: SocketAddr,
+        served: &mut Served,
+    ) -> Response<ProxyBody> {
+        if declared_length(req.headers()).is_some_and(|len| len > self.max_body_size) {
+            self.sup.metrics.reject(Rejection::BodyTooLarge);
+            return too_large(self.max_body_size);
+        }
+        let wanted = sticky_worker(req.headers(), &self.run_nonce);
+        let websocket = is_websocket(&req);
+        let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
+        let mut outgoing = to_worker(req, peer, self.max_body_size);
+        if websocket {
+            outgoing.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            outgoing.headers_mut().insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        }
+        let sticky = match self.sup.session_worker(wanted).await {
+            Ok(s) => s,
+            Err(e) => return unavailable(&e),
+        };
+        served.worker = Some(sticky.worker);
+        let connected = if websocket {
+            worker::connect_upgradable(&sticky.socket).await
+        } else {
+            worker::connect(&sticky.socket).await
+        };
+        let mut conn = match connected {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(worker = sticky.worker, error = %e, "worker unreachable; taking it out of service");
+                self.sup.retire(sticky.worker, ExitReason::Broken);
+                self.sup.metrics.reject(Rejection::WorkerFailed);
+                // The browser's reload (or Shiny's reconnect) lands on a live worker.
+                return error(StatusCode::BAD_GATEWAY, "the R worker for this session is gone; reload the page");
+            }
+        };
+        let sent = async {
+            conn.ready().await?;
+            conn.send_request(outgoing).await
+        };
+        let answer = match (websocket, self.request_timeout) {
+            (false, Some(limit)) => match tokio::time::timeout(limit, sent).await {
+                Ok(answer) => answer,
+                Err(_) => {
+                    self.sup.metrics.reject(Rejection::RequestTimeout);
+                    return error(StatusCode::GATEWAY_TIMEOUT, "the R worker took longer than --request-timeout");
+                }
+            },
+            _ => sent.await,
+        };
+        let mut resp = match answer {
+            Ok(resp) => resp,
+            Err(e) => {
+                tracing::warn!(worker = sticky.worker, error = %e, "request to Shiny worker failed");
+                self.sup.metrics.reject(Rejection::WorkerFailed);
+                return error(StatusCode::BAD_GATEWAY, "the R worker failed to answer");
+            }
+        };
+        let mut out = if let (Some(client), StatusCode::SWITCHING_PROTOCOLS) = (client_upgrade, resp.status()) {
+            let worker_upgrade = hyper::upgrade::on(&mut resp);
+            self.splice(client, worker_upgrade, sticky.worker);
+            let (parts, _) = resp.into_parts();
+            Response::from_parts(parts, ProxyBody::Empty)
+        } else {
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            Response::from_parts(parts, ProxyBody::Stream(body))
+        };
+        if sticky.new {
+            let cookie =
+                format!("{STICKY_COOKIE}={}.{}; Path=/; HttpOnly; SameSite=Lax", self.run_nonce, sticky.worker);
+            if let Ok(v) = HeaderValue::from_str(&cookie) {
+                out.headers_mut().append(header::SET_COOKIE, v);
+            }
+        }
+        out
+    }
+
+    /// Copies a WebSocket's bytes both ways until either side closes or the
+    /// drain gives up; the session counts on its worker meanwhile.
+    fn splice(&self, client: hyper::upgrade::OnUpgrade, worker: hyper::upgrade::OnUpgrade, id: u64) {
+        let sup = self.sup.clone();
+        let close = self.close_sessions.clone();
+        self.sessions.spawn(async move {
+            let (Ok(client), Ok(worker)) = tokio::join!(client, worker) else { return };
+            sup.session(id, true);
+            let mut client = TokioIo::new(client);
+            let mut worker = TokioIo::new(worker);
+            tokio::select! {
+                _ = tokio::io::copy_bidirectional(&mut client, &mut worker) => {}
+                _ = close.cancelled() => {}
+            }
+            sup.session(id, false);
+        });
+    }
+}
+
+fn is_websocket<B>(req: &Request<B>) -> bool {
+    let has = |name: header::HeaderName, token: &str| {
+        req.headers()
+            .get_all(name)
+            .iter()
+            .any(|v| v.to_str().unwrap_or("").split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+    };
+    has(header::UPGRADE, "websocket") && has(header::CONNECTION, "upgrade")
+}
+
+/// The worker id in this run's sticky cookie, if the browser sent one.
+fn sticky_worker(headers: &HeaderMap, nonce: &str) -> Option<u64> {
+    headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).find_map(|c| {
+        let value = c.trim().strip_prefix(STICKY_COOKIE)?.strip_prefix('=')?;
+        let (run, id) = value.split_once('.')?;
+        (run == nonce).then(|| id.parse().ok()).flatten()
+    })
+}
+
+fn nonce_seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+}
+
 /// Sends a request to the leased worker and waits for the head of its answer.
 /// The exchange runs in its own task: if the client goes away meanwhile, the
 /// worker is still busy with the request, so the task keeps the lease until the
@@ -266,8 +415,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in &HOP_BY_HOP {
         headers.remove(name);
     }
-    // WebSocket upgrades are not proxied yet; an upgrade the worker would accept
-    // could not be carried, so the header is not passed on.
+    // Upgrades are re-added for WebSockets to Shiny apps, where valve carries them.
     headers.remove(header::UPGRADE);
 }
 
@@ -356,6 +504,8 @@ fn json_string(s: &str) -> String {
 pub enum ProxyBody {
     Empty,
     Full(Full<Bytes>),
+    /// A Shiny worker's answer, streamed (Shiny workers are not leased).
+    Stream(Incoming),
     /// A worker's answer, streamed; the lease is returned when it ends.
     Worker {
         body: Incoming,
@@ -372,6 +522,7 @@ impl Body for ProxyBody {
         match self.get_mut() {
             ProxyBody::Empty => Poll::Ready(None),
             ProxyBody::Full(full) => Pin::new(full).poll_frame(cx).map_err(|never| match never {}),
+            ProxyBody::Stream(body) => Pin::new(body).poll_frame(cx),
             ProxyBody::Worker { body, lease } => {
                 let frame = Pin::new(&mut *body).poll_frame(cx);
                 match &frame {
@@ -389,6 +540,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Empty => true,
             ProxyBody::Full(full) => full.is_end_stream(),
+            ProxyBody::Stream(body) => body.is_end_stream(),
             ProxyBody::Worker { body, .. } => body.is_end_stream(),
         }
     }
@@ -397,6 +549,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Empty => SizeHint::with_exact(0),
             ProxyBody::Full(full) => full.size_hint(),
+            ProxyBody::Stream(body) => body.size_hint(),
             ProxyBody::Worker { body, .. } => body.size_hint(),
         }
     }

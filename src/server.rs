@@ -58,7 +58,7 @@ pub async fn run(
         let _ = stream.set_nodelay(true);
         let proxy = proxy.clone();
         let service = service_fn(move |req| proxy.clone().handle(req, peer));
-        let conn = http.serve_connection(TokioIo::new(stream), service);
+        let conn = http.serve_connection(TokioIo::new(stream), service).with_upgrades();
         let drain = shutdown.drain.clone();
         connections.spawn(async move {
             tokio::pin!(conn);
@@ -78,17 +78,30 @@ pub async fn run(
     drop(listener);
     let _ = pruner.await;
     connections.close();
+    let deadline = tokio::time::Instant::now() + grace;
     let drained = tokio::select! {
         _ = connections.wait() => {
             tracing::info!("all requests finished");
             Drained::Clean
         }
-        _ = tokio::time::sleep(grace) => {
+        _ = tokio::time::sleep_until(deadline) => {
             tracing::warn!(grace_s = grace.as_secs_f64(), "requests still running after --graceful-timeout; stopping anyway");
             Drained::Cut
         }
         _ = shutdown.now.cancelled() => Drained::Cut,
     };
+    // Shiny sessions end when their browsers leave; give them what is left of
+    // the grace period, then close them (a closed session is not a lost request).
+    proxy.sessions.close();
+    if !proxy.sessions.is_empty() {
+        tracing::info!(sessions = proxy.sessions.len(), "waiting for open Shiny sessions to end");
+        tokio::select! {
+            _ = proxy.sessions.wait() => {}
+            _ = tokio::time::sleep_until(deadline) => tracing::info!("closing the Shiny sessions still open"),
+            _ = shutdown.now.cancelled() => {}
+        }
+        proxy.close_sessions.cancel();
+    }
     sup.shutdown().await;
     drained
 }

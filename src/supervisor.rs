@@ -92,6 +92,9 @@ pub struct Supervisor {
     queue_timeout: Duration,
     max_worker_memory: Option<u64>,
     pub metrics: Arc<Metrics>,
+    max_sessions: usize,
+    /// Woken whenever a worker becomes ready or a session closes (Shiny routing waits on it).
+    changed: tokio::sync::Notify,
     inner: Mutex<Inner>,
     tasks: TaskTracker,
 }
@@ -109,6 +112,8 @@ impl Supervisor {
             queue_timeout: config.queue_timeout,
             max_worker_memory: config.max_worker_memory,
             metrics: Arc::new(Metrics::default()),
+            max_sessions: config.max_sessions,
+            changed: tokio::sync::Notify::new(),
             inner: Mutex::new(Inner {
                 pool: Pool::new(Limits { n_min: config.n_min, n_max: config.n_max, max_requests: config.max_requests }),
                 live: HashMap::new(),
@@ -153,6 +158,7 @@ impl Supervisor {
                     "pid": target.pid(),
                     "state": slot.state.as_str(),
                     "requests": slot.served,
+                    "sessions": slot.sessions,
                     "uptime_s": now.duration_since(slot.created).as_secs_f64(),
                     "idle_s": (slot.state == State::Idle).then(|| now.duration_since(slot.last_used).as_secs_f64()),
                     "memory_bytes": target.memory_bytes(),
@@ -261,6 +267,65 @@ impl Supervisor {
             None => (None, None),
         };
         Lease { sup: self.clone(), worker: id, socket, conn, reusable: false, armed: true, waited: Duration::ZERO }
+    }
+
+    /// The Shiny worker for a request: the browser's own (`wanted`, from its
+    /// sticky cookie) while it lives, else the ready worker with the fewest
+    /// sessions below --max-sessions, starting one when all are full.
+    pub async fn session_worker(self: &Arc<Self>, wanted: Option<WorkerId>) -> Result<Sticky, Unavailable> {
+        let deadline = tokio::time::Instant::now() + self.queue_timeout;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let spawn = {
+                let mut inner = self.lock();
+                if inner.closing {
+                    return Err(Unavailable::ShuttingDown);
+                }
+                let now = Instant::now();
+                if let Some(id) = wanted.filter(|id| inner.pool.touch(*id, now)) {
+                    if let Some(live) = inner.live.get(&id) {
+                        return Ok(Sticky { worker: id, socket: live.socket.clone(), new: false });
+                    }
+                }
+                match inner.pool.pick_for_session(self.max_sessions, now) {
+                    Ok(id) => {
+                        inner.pool.touch(id, now);
+                        if let Some(live) = inner.live.get(&id) {
+                            return Ok(Sticky { worker: id, socket: live.socket.clone(), new: true });
+                        }
+                        None
+                    }
+                    Err(spawn) => spawn.map(|id| (id, inner.backoff())),
+                }
+            };
+            if let Some((id, delay)) = spawn {
+                tracing::info!(
+                    worker = id,
+                    max_sessions = self.max_sessions,
+                    "starting worker: every worker holds --max-sessions sessions"
+                );
+                self.spawn_worker(id, delay, None);
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                self.metrics.reject(Rejection::QueueTimeout);
+                return Err(Unavailable::QueueTimeout);
+            }
+        }
+    }
+
+    /// A Shiny session's WebSocket opened (`true`) or closed on a worker.
+    pub fn session(&self, id: WorkerId, open: bool) {
+        let mut inner = self.lock();
+        if open {
+            inner.pool.session_opened(id, Instant::now());
+            self.metrics.session_opened();
+        } else {
+            inner.pool.session_closed(id, Instant::now());
+            drop(inner);
+            self.changed.notify_waiters();
+        }
     }
 
     /// Returns a worker after a request, with its connection if that can be reused,
@@ -404,6 +469,7 @@ impl Supervisor {
                 }
                 self.hand_on(&mut inner, id);
                 drop(inner);
+                self.changed.notify_waiters();
                 if let Some(tx) = report {
                     let _ = tx.send(Ok(()));
                 }
@@ -552,6 +618,7 @@ fn signal_then_kill(target: Target, signal: libc::c_int) {
 
 fn counts<W>(pool: &Pool<W>) -> Gauges {
     Gauges {
+        sessions: pool.sessions(),
         starting: pool.count(State::Starting),
         idle: pool.count(State::Idle),
         busy: pool.count(State::Busy),
@@ -570,6 +637,14 @@ pub struct Lease {
     reusable: bool,
     armed: bool,
     waited: Duration,
+}
+
+/// The worker a Shiny request goes to.
+pub struct Sticky {
+    pub worker: WorkerId,
+    pub socket: Arc<Path>,
+    /// The browser had no (live) worker yet: tell it its new one.
+    pub new: bool,
 }
 
 /// Why a request could not be passed to a worker.

@@ -20,11 +20,30 @@ local({
     cat("valve: ", ..., "\n", file = stderr(), sep = "")
     quit(save = "no", status = status)
   }
-  for (pkg in c("plumber", "httpuv")) {
+  shiny <- identical(app_kind, "shiny")
+  for (pkg in c(if (shiny) "shiny" else "plumber", "httpuv")) {
     if (!requireNamespace(pkg, quietly = TRUE)) {
       fail(3, "the R package '", pkg, "' is not installed for R ", as.character(getRversion()),
            " (library paths: ", paste(.libPaths(), collapse = ", "), ")")
     }
+  }
+
+  # The API may ask for set-up in every worker (a database connection, say):
+  # options(valve.on_worker_start = function() ...). With --preload it runs in
+  # each fork, after the fork, never in the parent.
+  on_worker_start <- function() {
+    hook <- getOption("valve.on_worker_start")
+    if (is.function(hook)) hook()
+  }
+
+  if (shiny) {
+    # Shiny serves a domain socket itself when `port` is a path with a `mask`.
+    suppressPackageStartupMessages(library(shiny))
+    socket <- Sys.getenv("VALVE_SOCKET")
+    attr(socket, "mask") <- strtoi("077", 8L)
+    on_worker_start()
+    shiny::runApp(app_path, port = socket, launch.browser = FALSE, quiet = TRUE)
+    quit(save = "no")
   }
 
   # Attach plumber at top level, as users do before pr(): some APIs use %>% or
@@ -35,14 +54,6 @@ local({
     if (identical(app_kind, "plumber-dir")) plumber::plumb(dir = app_path) else plumber::plumb(app_path),
     error = function(e) fail(4, "the API failed to load: ", conditionMessage(e))
   )
-
-  # The API may ask for set-up in every worker (a database connection, say):
-  # options(valve.on_worker_start = function() ...). With --preload it runs in
-  # each fork, after the fork, never in the parent.
-  on_worker_start <- function() {
-    hook <- getOption("valve.on_worker_start")
-    if (is.function(hook)) hook()
-  }
 
   # Plumber's run() does the set-up users rely on (docs, debug, hooks, working
   # directory) and ends in httpuv::runServer(host, port, app). valve keeps all of

@@ -84,13 +84,7 @@ impl Spec {
             .current_dir(self.app.workdir())
             .env("VALVE_MODE", mode)
             .env("VALVE_APP", self.app.path())
-            .env(
-                "VALVE_APP_KIND",
-                match self.app {
-                    App::PlumberFile(_) => "plumber-file",
-                    App::PlumberDir(_) => "plumber-dir",
-                },
-            )
+            .env("VALVE_APP_KIND", self.app.kind())
             .env("VALVE_PUBLIC_HOST", &self.public_host)
             .env("VALVE_PUBLIC_PORT", self.public_port.to_string())
             .stdout(Stdio::piped())
@@ -384,6 +378,7 @@ impl Process {
             error = exited => return Err(error),
         };
         if let Watch::Fork { pidfd, .. } = &mut self.watch {
+            let pid = pid.ok_or_else(|| io::Error::other("a forked worker did not say its pid"))?;
             self.target = Target::Fork(pid);
             if pidfd.is_none() {
                 *pidfd = pidfd_open(pid).ok();
@@ -424,9 +419,9 @@ fn pidfd_open(pid: u32) -> io::Result<AsyncFd<OwnedFd>> {
     unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
 }
 
-/// Connects to a worker's socket and checks it answers the readiness path.
-/// The answer carries the worker's pid.
-async fn probe(socket: &Path) -> io::Result<(Conn, u32)> {
+/// Connects to a worker's socket and checks it answers HTTP. A plumber
+/// worker's answer carries its pid.
+async fn probe(socket: &Path) -> io::Result<(Conn, Option<u32>)> {
     let mut conn = connect(socket).await?;
     let req = http::Request::get(PING_PATH)
         .header(http::header::HOST, "valve")
@@ -434,13 +429,11 @@ async fn probe(socket: &Path) -> io::Result<(Conn, u32)> {
         .map_err(io::Error::other)?;
     conn.ready().await.map_err(io::Error::other)?;
     let resp = conn.send_request(req).await.map_err(io::Error::other)?;
-    let ok = resp.status() == http::StatusCode::OK;
+    // Any answer means the worker serves. Plumber workers (through the
+    // launcher's wrapper) also say their pid; a Shiny app just answers 404.
     let body = resp.into_body().collect().await.map_err(io::Error::other)?.to_bytes();
     let pid = std::str::from_utf8(&body).ok().and_then(|b| b.strip_prefix("valve-worker-ready ")?.trim().parse().ok());
-    match (ok, pid) {
-        (true, Some(pid)) => Ok((conn, pid)),
-        _ => Err(io::Error::other("worker answered the readiness probe with an error")),
-    }
+    Ok((conn, pid))
 }
 
 /// Opens a fresh HTTP/1.1 connection to a worker's socket.
@@ -488,4 +481,16 @@ pub fn pss_bytes(pid: u32) -> Option<u64> {
     let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
     let kb: u64 = rollup.lines().find(|l| l.starts_with("Pss:"))?.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// Opens a connection to a worker's socket that can be upgraded (a WebSocket).
+pub async fn connect_upgradable(socket: &Path) -> io::Result<Conn> {
+    let stream = UnixStream::connect(socket).await?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(io::Error::other)?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "worker connection closed");
+        }
+    });
+    Ok(sender)
 }

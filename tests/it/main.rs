@@ -7,3 +7,4 @@ mod lifecycle;
 mod preload;
 mod reliability;
 mod scaling;
+mod shiny;

@@ -1,0 +1,95 @@
+//! Shiny apps: Shiny's own examples in a real headless Chromium, through valve.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::harness::{pid_alive, wait_until, Valve};
+
+fn shiny_example(name: &str) -> String {
+    let out = Command::new("Rscript")
+        .args(["-e", &format!("cat(system.file('examples', '{name}', package = 'shiny'))")])
+        .output()
+        .expect("Rscript runs (install r-cran-shiny)");
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(!path.is_empty(), "shiny's example {name} is installed");
+    path
+}
+
+fn browser_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
+}
+
+/// Runs tests/browser/shiny.mjs and returns its output, failing the test if it fails.
+fn drive(mode: &str, url: &str, extra: &[&str]) -> String {
+    let out = Command::new("node")
+        .arg("shiny.mjs")
+        .arg(mode)
+        .arg(url)
+        .args(extra)
+        .current_dir(browser_dir())
+        .output()
+        .expect("node runs (install nodejs and Debian's chromium; `npm ci` in tests/browser)");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("[shiny.mjs {mode}] {text}");
+    assert!(out.status.success(), "the {mode} check failed in Chromium: {text}");
+    text
+}
+
+#[test]
+fn hello_renders_its_plot_and_rerenders_on_input() {
+    let valve = Valve::start(&["-f", &shiny_example("01_hello")]);
+    let seen = drive("hello", &valve.url, &[]);
+    assert!(seen.contains("\"rerendered\":true"));
+    assert!(valve.log().contains("path=/websocket/ status=101"), "the WebSocket went through valve");
+}
+
+#[test]
+fn six_upload_sessions_spread_over_three_workers_each_see_their_own_table() {
+    // Two sessions per worker: valve grows the pool from one worker as sessions arrive.
+    let valve = Valve::start(&["-f", &shiny_example("09_upload"), "-n", "3", "--max-sessions", "2", "--no-access-log"]);
+    let seen = drive("upload", &valve.url, &["6"]);
+    assert!(seen.contains("\"uploads\":6"), "{seen}");
+    assert!(seen.contains("\"sessions\":[2,2,2]"), "sessions per worker: {seen}");
+    assert_eq!(valve.workers().len(), 3);
+}
+
+#[test]
+fn downloads_arrive_whole() {
+    let valve = Valve::start(&["-f", &shiny_example("10_download"), "--no-access-log"]);
+    let seen = drive("download", &valve.url, &[]);
+    assert!(seen.contains("\"filename\":\"rock.csv\""), "{seen}");
+    assert!(seen.contains("\"lines\":49"), "48 rows and a header: {seen}");
+}
+
+#[test]
+fn a_reload_survives_the_death_of_the_sessions_worker() {
+    let valve = Valve::start(&["-f", &shiny_example("01_hello"), "--no-access-log"]);
+    let mut node = Command::new("node")
+        .args(["shiny.mjs", "survive", &valve.url])
+        .current_dir(browser_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("node runs");
+    let mut lines = BufReader::new(node.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("a line from the browser").unwrap();
+    assert!(first.contains("\"ready\":true"), "{first}");
+    let victim = valve.workers()[0];
+    unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+    wait_until("the session's worker to die", Duration::from_secs(5), || !pid_alive(victim));
+    node.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = node.wait().unwrap();
+    assert!(status.success() && rest.iter().any(|l| l.contains("\"survived\":true")), "{rest:?}");
+    assert!(!valve.workers().contains(&victim));
+}
+
+#[test]
+fn sessions_are_counted_in_metrics_and_status() {
+    let valve = Valve::start(&["-f", &shiny_example("01_hello"), "--no-access-log"]);
+    drive("hello", &valve.url, &[]);
+    let metrics = Command::new("curl").args(["-s", &valve.get("/__valve__/metrics")]).output().unwrap();
+    let text = String::from_utf8_lossy(&metrics.stdout);
+    assert!(text.contains("valve_sessions_total 1"), "{text}");
+}
