@@ -57,29 +57,34 @@ local({
 
   # Plumber's run() does the set-up users rely on (docs, debug, hooks, working
   # directory) and ends in httpuv::runServer(host, port, app). valve keeps all of
-  # that and swaps that last call for a pipe server on valve's private socket.
-  serve <- function(socket) {
-    ping <- list(
-      status = 200L, headers = list("Content-Type" = "text/plain"),
-      body = paste("valve-worker-ready", Sys.getpid())
-    )
-    serve_on_socket <- function(host, port, app, interruptIntervalMs = NULL) {
-      wrapped <- list(call = function(req) {
-        if (identical(req$PATH_INFO, "/__valve__/ping")) ping else app$call(req)
-      })
-      if (is.function(app$onHeaders)) wrapped$onHeaders <- function(req) app$onHeaders(req)
-      if (is.function(app$onWSOpen)) wrapped$onWSOpen <- function(ws) app$onWSOpen(ws)
-      server <- httpuv::startPipeServer(socket, strtoi("077", 8L), wrapped)
-      on.exit(httpuv::stopServer(server))
-      httpuv::service(0)
-    }
-    utils::assignInNamespace("runServer", serve_on_socket, ns = "httpuv")
+  # that and swaps that last call for `then(app)`: serving on valve's private
+  # socket, or (with --preload) forking workers that serve it. So forks inherit
+  # a router that is already set up and only start their pipe server.
+  run_with <- function(then) {
+    utils::assignInNamespace("runServer", function(host, port, app, interruptIntervalMs = NULL) then(app), ns = "httpuv")
     router$run(host = public_host, port = public_port, quiet = TRUE)
+  }
+
+  # valve's readiness path, answered with the pid of whoever answers it.
+  serve_on_socket <- function(socket, app) {
+    wrapped <- list(call = function(req) {
+      if (identical(req$PATH_INFO, "/__valve__/ping")) {
+        list(status = 200L, headers = list("Content-Type" = "text/plain"),
+             body = paste("valve-worker-ready", Sys.getpid()))
+      } else {
+        app$call(req)
+      }
+    })
+    if (is.function(app$onHeaders)) wrapped$onHeaders <- function(req) app$onHeaders(req)
+    if (is.function(app$onWSOpen)) wrapped$onWSOpen <- function(ws) app$onWSOpen(ws)
+    server <- httpuv::startPipeServer(socket, strtoi("077", 8L), wrapped)
+    on.exit(httpuv::stopServer(server))
+    httpuv::service(0)
   }
 
   if (identical(mode, "plain")) {
     on_worker_start()
-    serve(Sys.getenv("VALVE_SOCKET"))
+    run_with(function(app) serve_on_socket(Sys.getenv("VALVE_SOCKET"), app))
     quit(save = "no")
   }
 
@@ -92,7 +97,7 @@ local({
     length(fields) >= 20 && identical(fields[20], valve_start)
   }
 
-  become_worker <- function(id, socket, fifo) {
+  become_worker <- function(id, socket, fifo, app) {
     # Output goes to valve through this fork's own channel, pid first.
     # Opened read-write: unlike a write-only open, that never blocks waiting for a reader.
     out <- file(fifo, open = "w+", raw = TRUE)
@@ -131,20 +136,23 @@ local({
     }
     later::later(watchdog, 1)
     on_worker_start()
-    serve(socket)
+    serve_on_socket(socket, app)
     exit_now(status = 0)
   }
 
-  commands <- file("stdin", open = "r")
-  repeat {
-    line <- readLines(commands, n = 1)
-    if (length(line) == 0) quit(save = "no", status = 0)
-    words <- strsplit(line, " ", fixed = TRUE)[[1]]
-    if (length(words) != 4 || words[1] != "fork") next
-    child <- parallel:::mcfork(estranged = TRUE)
-    if (inherits(child, "masterProcess")) {
-      close(commands)
-      become_worker(words[2], words[3], words[4])
+  fork_on_demand <- function(app) {
+    commands <- file("stdin", open = "r")
+    repeat {
+      line <- readLines(commands, n = 1)
+      if (length(line) == 0) quit(save = "no", status = 0)
+      words <- strsplit(line, " ", fixed = TRUE)[[1]]
+      if (length(words) != 4 || words[1] != "fork") next
+      child <- parallel:::mcfork(estranged = TRUE)
+      if (inherits(child, "masterProcess")) {
+        close(commands)
+        become_worker(words[2], words[3], words[4], app)
+      }
     }
   }
+  run_with(fork_on_demand)
 })
