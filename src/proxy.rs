@@ -185,8 +185,7 @@ impl Proxy {
                         }
                         None => {}
                     }
-                    tracing::warn!(worker, error = %e, "worker failed while handling a request; taking it out of service");
-                    self.sup.retire(worker, ExitReason::Broken);
+                    tracing::warn!(worker, error = %e, "worker failed while handling a request; taken out of service");
                     match spare.take() {
                         Some(again) => outgoing = again,
                         None => {
@@ -209,7 +208,7 @@ impl Proxy {
             }
             return redirect(DOCS_PATH);
         }
-        from_worker(resp, lease)
+        from_worker(resp, lease).await
     }
 }
 
@@ -351,9 +350,9 @@ async fn exchange(
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let answer = match timeout {
-            None => lease.send(req).await,
+            None => lease.send(req).await.inspect_err(|e| retire_if_broken(&lease, e)),
             Some(limit) => match tokio::time::timeout(limit, lease.send(req)).await {
-                Ok(answer) => answer,
+                Ok(answer) => answer.inspect_err(|e| retire_if_broken(&lease, e)),
                 Err(_) => {
                     tracing::warn!(
                         worker = lease.worker(),
@@ -372,6 +371,17 @@ async fn exchange(
         }
     });
     rx.await.unwrap_or(Err(SendError::Cancelled))
+}
+
+/// A worker that broke off an exchange (died, or spoke garbage) is taken out
+/// of service before its lease is dropped, so that it is never handed to the
+/// next request in the queue.
+fn retire_if_broken(lease: &Lease, e: &SendError) {
+    if let SendError::Http(_, err) = e {
+        if body::upload_error(err).is_none() {
+            lease.retire(ExitReason::Broken);
+        }
+    }
 }
 
 /// The `Content-Length` a client declared, if any.
@@ -456,16 +466,33 @@ fn to_worker(req: Request<Incoming>, peer: SocketAddr, max_body_size: u64) -> Re
 
 /// The worker's answer as the client receives it, holding the worker until the
 /// last byte is through.
-fn from_worker(resp: Response<Incoming>, mut lease: Lease) -> Response<ProxyBody> {
+/// Answers up to this size are read whole before valve answers, so that the
+/// client gets head and body in one write (R writes them separately) and the
+/// worker is free again before the client has read a byte.
+const COALESCE_UP_TO: u64 = 64 * 1024;
+
+async fn from_worker(resp: Response<Incoming>, mut lease: Lease) -> Response<ProxyBody> {
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
+    let small = body.size_hint().exact().is_some_and(|n| n <= COALESCE_UP_TO);
     let body = if body.is_end_stream() {
         lease.set_reusable();
-        drop(lease);
         ProxyBody::Empty
+    } else if small {
+        match body.collect().await {
+            Ok(all) => {
+                lease.set_reusable();
+                ProxyBody::Full(Full::new(all.to_bytes()))
+            }
+            Err(e) => {
+                tracing::warn!(worker = lease.worker(), error = %e, "worker's answer broke off");
+                return error(StatusCode::BAD_GATEWAY, "the R worker's answer broke off");
+            }
+        }
     } else {
-        ProxyBody::Worker { body, lease: Some(lease) }
+        return Response::from_parts(parts, ProxyBody::Worker { body, lease: Some(lease) });
     };
+    drop(lease);
     Response::from_parts(parts, body)
 }
 
