@@ -73,7 +73,8 @@ async fn status_lists_every_worker_and_the_configuration() {
     assert_eq!(pids, real, "status shows the real worker pids");
     assert_eq!(status["config"]["n_max"], 4);
     assert_eq!(status["pool"]["idle"], 2);
-    assert!(status["workers"][0]["memory_bytes"].as_u64().unwrap() > 10 << 20, "{status}");
+    // A plain worker reports its RSS; a fork (--preload) only what it does not share.
+    assert!(status["workers"][0]["memory_bytes"].as_u64().unwrap() > 1 << 20, "{status}");
     let resp = client().get(valve.get("/__valve__/nope")).send().await.unwrap();
     assert_eq!(resp.status(), 404, "unknown valve paths are not forwarded to R");
 }
