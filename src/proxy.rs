@@ -146,7 +146,7 @@ impl Proxy {
         // A bodyless GET, HEAD or OPTIONS can be replayed once if its worker dies before answering.
         let mut spare = (idempotent && matches!(outgoing.body(), Either::Right(_))).then(|| head_copy(&outgoing));
         let mut refused = 0;
-        let (resp, mut lease) = loop {
+        let resp = loop {
             let mut lease = match self.sup.acquire().await {
                 Ok(lease) => lease,
                 Err(e) => return unavailable(&e),
@@ -203,12 +203,9 @@ impl Proxy {
         };
         if root && resp.status() == StatusCode::NOT_FOUND {
             // The API has no `/` route: send people to the docs, as the reference tool did.
-            if resp.into_body().collect().await.is_ok() {
-                lease.set_reusable();
-            }
             return redirect(DOCS_PATH);
         }
-        from_worker(resp, lease).await
+        resp
     }
 }
 
@@ -346,7 +343,7 @@ async fn exchange(
     mut lease: Lease,
     req: Request<ReqBody>,
     timeout: Option<Duration>,
-) -> Result<(Response<Incoming>, Lease), SendError> {
+) -> Result<Response<ProxyBody>, SendError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let answer = match timeout {
@@ -364,11 +361,14 @@ async fn exchange(
                 }
             },
         };
-        if let Err(Ok((resp, mut lease))) = tx.send(answer.map(|resp| (resp, lease))) {
-            if resp.into_body().collect().await.is_ok() {
-                lease.set_reusable();
-            }
-        }
+        // The answer is read here, in the task that holds the lease: a small one
+        // whole, so the worker goes back to the pool before the client is even
+        // woken (the next queued request reaches it one hop sooner).
+        let answer = match answer {
+            Ok(resp) => Ok(from_worker(resp, lease).await),
+            Err(e) => Err(e),
+        };
+        let _ = tx.send(answer);
     });
     rx.await.unwrap_or(Err(SendError::Cancelled))
 }
