@@ -334,49 +334,44 @@ fn nonce_seed() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
-/// Sends a request to the leased worker and waits for the head of its answer.
-/// The exchange runs in its own task: if the client goes away meanwhile, the
-/// worker is still busy with the request, so the task keeps the lease until the
-/// worker has answered, and only then gives it back. A worker past `timeout`
-/// is killed, whether or not the client is still there.
+/// Sends a request to the leased worker and reads its answer (a small one
+/// whole). Inline, in the client's own task: each hop between tasks costs a
+/// wake-up on the request path. If the client leaves meanwhile, the dropped
+/// lease keeps its worker busy until R is done (see `Lease`'s drop). A worker
+/// past `timeout` is killed.
 async fn exchange(
     mut lease: Lease,
     req: Request<ReqBody>,
     timeout: Option<Duration>,
 ) -> Result<Response<ProxyBody>, SendError> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let answer = match timeout {
-            None => lease.send(req).await.inspect_err(|e| retire_if_broken(&lease, e)),
-            Some(limit) => match tokio::time::timeout(limit, lease.send(req)).await {
-                Ok(answer) => answer.inspect_err(|e| retire_if_broken(&lease, e)),
-                Err(_) => {
-                    tracing::warn!(
-                        worker = lease.worker(),
-                        limit_s = limit.as_secs_f64(),
-                        "request timed out; killing its worker"
-                    );
-                    lease.retire(ExitReason::Timeout);
-                    Err(SendError::Timeout(lease.worker(), limit))
-                }
-            },
-        };
-        // The answer is read here, in the task that holds the lease: a small one
-        // whole, so the worker goes back to the pool before the client is even
-        // woken (the next queued request reaches it one hop sooner).
-        let answer = match answer {
-            Ok(resp) => Ok(from_worker(resp, lease).await),
-            Err(e) => Err(e),
-        };
-        let _ = tx.send(answer);
-    });
-    rx.await.unwrap_or(Err(SendError::Cancelled))
+    let answer = match timeout {
+        None => lease.send(req).await,
+        Some(limit) => match tokio::time::timeout(limit, lease.send(req)).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                tracing::warn!(
+                    worker = lease.worker(),
+                    limit_s = limit.as_secs_f64(),
+                    "request timed out; killing its worker"
+                );
+                lease.retire(ExitReason::Timeout);
+                return Err(SendError::Timeout(lease.worker(), limit));
+            }
+        },
+    };
+    match answer {
+        Ok(resp) => Ok(from_worker(resp, lease).await),
+        Err(e) => {
+            retire_if_broken(&mut lease, &e);
+            Err(e)
+        }
+    }
 }
 
 /// A worker that broke off an exchange (died, or spoke garbage) is taken out
 /// of service before its lease is dropped, so that it is never handed to the
 /// next request in the queue.
-fn retire_if_broken(lease: &Lease, e: &SendError) {
+fn retire_if_broken(lease: &mut Lease, e: &SendError) {
     if let SendError::Http(_, err) = e {
         if body::upload_error(err).is_none() {
             lease.retire(ExitReason::Broken);

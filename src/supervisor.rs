@@ -93,6 +93,7 @@ pub struct Supervisor {
     max_worker_memory: Option<u64>,
     pub metrics: Arc<Metrics>,
     max_sessions: usize,
+    request_timeout: Option<Duration>,
     /// Woken whenever a worker becomes ready or a session closes (Shiny routing waits on it).
     changed: tokio::sync::Notify,
     inner: Mutex<Inner>,
@@ -113,6 +114,7 @@ impl Supervisor {
             max_worker_memory: config.max_worker_memory,
             metrics: Arc::new(Metrics::default()),
             max_sessions: config.max_sessions,
+            request_timeout: config.request_timeout,
             changed: tokio::sync::Notify::new(),
             inner: Mutex::new(Inner {
                 pool: Pool::new(Limits { n_min: config.n_min, n_max: config.n_max, max_requests: config.max_requests }),
@@ -266,7 +268,16 @@ impl Supervisor {
             Some(live) => (live.conns.pop(), Some(live.socket.clone())),
             None => (None, None),
         };
-        Lease { sup: self.clone(), worker: id, socket, conn, reusable: false, armed: true, waited: Duration::ZERO }
+        Lease {
+            sup: self.clone(),
+            worker: id,
+            socket,
+            conn,
+            reusable: false,
+            armed: true,
+            waited: Duration::ZERO,
+            in_flight: false,
+        }
     }
 
     /// The Shiny worker for a request: the browser's own (`wanted`, from its
@@ -353,6 +364,32 @@ impl Supervisor {
             }
         }
         self.hand_on(&mut inner, id);
+    }
+
+    /// Waits until a worker whose client left mid-request has finished that
+    /// request, then returns it to the pool. R answers one call at a time, so
+    /// a readiness probe on a fresh connection is answered only after the
+    /// abandoned request: the probe is the barrier. A worker that does not
+    /// answer within --request-timeout is killed.
+    async fn settle(self: Arc<Self>, id: WorkerId, socket: Option<Arc<Path>>) {
+        let probe = async {
+            let socket = socket.ok_or_else(|| std::io::Error::other("worker is gone"))?;
+            worker::probe(&socket).await
+        };
+        let settled = match self.request_timeout {
+            Some(limit) => {
+                tokio::time::timeout(limit, probe).await.unwrap_or_else(|_| Err(std::io::Error::other("timed out")))
+            }
+            None => probe.await,
+        };
+        match settled {
+            Ok((conn, _)) => self.release(id, Some(conn)),
+            Err(e) => {
+                tracing::warn!(worker = id, error = %e, "worker did not finish an abandoned request; replacing it");
+                self.retire(id, ExitReason::Timeout);
+                self.release(id, None);
+            }
+        }
     }
 
     /// Takes a worker out of service now and starts its replacement. A planned
@@ -637,6 +674,8 @@ pub struct Lease {
     reusable: bool,
     armed: bool,
     waited: Duration,
+    /// A request was sent and its answer's head has not come back yet.
+    in_flight: bool,
 }
 
 /// The worker a Shiny request goes to.
@@ -691,11 +730,15 @@ impl Lease {
             .conn
             .as_mut()
             .ok_or_else(|| SendError::Connect(self.worker, std::io::Error::other("not connected")))?;
-        conn.send_request(req).await.map_err(|e| SendError::Http(self.worker, e))
+        self.in_flight = true;
+        let answer = conn.send_request(req).await.map_err(|e| SendError::Http(self.worker, e));
+        self.in_flight = false;
+        answer
     }
 
     /// Takes this lease's worker out of service (see `Supervisor::retire`).
-    pub fn retire(&self, reason: ExitReason) {
+    pub fn retire(&mut self, reason: ExitReason) {
+        self.in_flight = false;
         self.sup.retire(self.worker, reason);
     }
 
@@ -717,9 +760,19 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if self.armed {
-            let conn = if self.reusable { self.conn.take() } else { None };
-            self.sup.release(self.worker, conn);
+        if !self.armed {
+            return;
         }
+        if self.in_flight {
+            // The client left while R works on its request: the worker stays
+            // busy until R is done, then goes back to the pool.
+            let (sup, worker, socket) = (self.sup.clone(), self.worker, self.socket.clone());
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move { sup.settle(worker, socket).await });
+            }
+            return;
+        }
+        let conn = if self.reusable { self.conn.take() } else { None };
+        self.sup.release(self.worker, conn);
     }
 }

@@ -421,7 +421,7 @@ fn pidfd_open(pid: u32) -> io::Result<AsyncFd<OwnedFd>> {
 
 /// Connects to a worker's socket and checks it answers HTTP. A plumber
 /// worker's answer carries its pid.
-async fn probe(socket: &Path) -> io::Result<(Conn, Option<u32>)> {
+pub async fn probe(socket: &Path) -> io::Result<(Conn, Option<u32>)> {
     let mut conn = connect(socket).await?;
     let req = http::Request::get(PING_PATH)
         .header(http::header::HOST, "valve")

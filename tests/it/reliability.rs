@@ -44,7 +44,16 @@ async fn chaos_killing_workers_under_load_fails_no_request() {
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     while Instant::now() < deadline - Duration::from_millis(500) {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let workers = valve.workers();
+        // Workers that serve (a worker killed while it starts counts towards crash-loop backoff).
+        let status: serde_json::Value =
+            client().get(valve.get("/__valve__/status")).send().await.unwrap().json().await.unwrap();
+        let workers: Vec<u32> = status["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|w| w["state"] == "idle" || w["state"] == "busy")
+            .filter_map(|w| w["pid"].as_u64().map(|p| p as u32))
+            .collect();
         if !workers.is_empty() {
             seed ^= seed << 13;
             seed ^= seed >> 7;
@@ -61,7 +70,7 @@ async fn chaos_killing_workers_under_load_fails_no_request() {
         failed.extend(f);
     }
     eprintln!("chaos: {ok} requests answered, {killed} workers killed, {} failed", failed.len());
-    assert!(killed >= 8, "the chaos actually happened");
+    assert!(killed >= 5, "the chaos actually happened: {killed} workers killed");
     assert!(ok > 30, "load was steady: {ok}");
     assert!(failed.is_empty(), "failed requests: {failed:?}");
     wait_until("the pool back at n_min", Duration::from_secs(15), || valve.workers().len() == 3);
