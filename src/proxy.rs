@@ -230,26 +230,35 @@ impl Proxy {
             outgoing.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             outgoing.headers_mut().insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         }
-        let sticky = match self.sup.session_worker(wanted).await {
-            Ok(s) => s,
-            Err(e) => return unavailable(&e),
-        };
-        served.worker = Some(sticky.worker);
-        let connected = if websocket {
-            worker::connect_upgradable(&sticky.socket).await
-        } else {
-            worker::connect(&sticky.socket).await
-        };
-        let mut conn = match connected {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(worker = sticky.worker, error = %e, "worker unreachable; taking it out of service");
-                self.sup.retire(sticky.worker, ExitReason::Broken);
-                self.sup.metrics.reject(Rejection::WorkerFailed);
-                // The browser's reload (or Shiny's reconnect) lands on a live worker.
-                return error(StatusCode::BAD_GATEWAY, "the R worker for this session is gone; reload the page");
+        // Nothing has been sent while a worker cannot be reached, so the request
+        // may go to another one (the browser then gets a new sticky cookie).
+        let mut wanted = wanted;
+        let mut refused = 0;
+        let (sticky, mut conn) = loop {
+            let sticky = match self.sup.session_worker(wanted).await {
+                Ok(s) => s,
+                Err(e) => return unavailable(&e),
+            };
+            let connected = if websocket {
+                worker::connect_upgradable(&sticky.socket).await
+            } else {
+                worker::connect(&sticky.socket).await
+            };
+            match connected {
+                Ok(conn) => break (sticky, conn),
+                Err(e) => {
+                    tracing::warn!(worker = sticky.worker, error = %e, "worker unreachable; taking it out of service");
+                    self.sup.retire(sticky.worker, ExitReason::Broken);
+                    refused += 1;
+                    if refused >= CONNECT_TRIES {
+                        self.sup.metrics.reject(Rejection::WorkerFailed);
+                        return error(StatusCode::BAD_GATEWAY, "no R worker could be reached; reload the page");
+                    }
+                    wanted = None;
+                }
             }
         };
+        served.worker = Some(sticky.worker);
         let sent = async {
             conn.ready().await?;
             conn.send_request(outgoing).await
