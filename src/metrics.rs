@@ -123,7 +123,7 @@ impl Histogram {
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let (b, count, sum) = self.snapshot();
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        header(out, name, "histogram", help);
         let mut cumulative = 0;
         for (bound, n) in BUCKETS.iter().zip(b) {
             cumulative += n;
@@ -259,8 +259,7 @@ impl Metrics {
     /// The Prometheus text format. `gauges` are the pool's state at scrape time.
     pub fn render(&self, gauges: &Gauges) -> String {
         let mut out = String::with_capacity(8192);
-        out.push_str("# HELP valve_requests_total Requests answered, by method and status.\n");
-        out.push_str("# TYPE valve_requests_total counter\n");
+        header(&mut out, "valve_requests_total", "counter", "Requests answered, by method and status.");
         for (m, method) in METHODS.iter().enumerate() {
             for s in 0..STATUSES {
                 let n = self.requests[m * STATUSES + s].load(Relaxed);
@@ -280,52 +279,49 @@ impl Metrics {
             "valve_worker_spawn_duration_seconds",
             "Time from the decision to start a worker to its first answer.",
         );
-        let _ = writeln!(
-            out,
-            "# HELP valve_queue_depth Requests waiting for a worker.\n# TYPE valve_queue_depth gauge\nvalve_queue_depth {}",
-            gauges.queued
-        );
-        out.push_str("# HELP valve_workers Workers by state.\n# TYPE valve_workers gauge\n");
+        single(&mut out, "valve_queue_depth", "gauge", "Requests waiting for a worker.", gauges.queued as u64);
+        header(&mut out, "valve_workers", "gauge", "Workers by state.");
         for (state, n) in [("starting", gauges.starting), ("idle", gauges.idle), ("busy", gauges.busy)] {
             let _ = writeln!(out, "valve_workers{{state=\"{state}\"}} {n}");
         }
-        let _ = writeln!(
-            out,
-            "# HELP valve_workers_max The most workers valve may run (--n-max).\n# TYPE valve_workers_max gauge\nvalve_workers_max {}",
-            gauges.n_max
+        single(
+            &mut out,
+            "valve_workers_max",
+            "gauge",
+            "The most workers valve may run (--n-max).",
+            gauges.n_max as u64,
         );
-        let _ = writeln!(
-            out,
-            "# HELP valve_sessions Open Shiny sessions (WebSockets).\n# TYPE valve_sessions gauge\nvalve_sessions {}",
-            gauges.sessions
+        single(&mut out, "valve_sessions", "gauge", "Open Shiny sessions (WebSockets).", gauges.sessions as u64);
+        single(
+            &mut out,
+            "valve_sessions_total",
+            "counter",
+            "Shiny sessions opened.",
+            self.sessions_total.load(Relaxed),
         );
-        let _ = writeln!(
-            out,
-            "# HELP valve_sessions_total Shiny sessions opened.\n# TYPE valve_sessions_total counter\nvalve_sessions_total {}",
-            self.sessions_total.load(Relaxed)
-        );
-        out.push_str("# HELP valve_worker_exits_total Workers that left the pool, by reason.\n");
-        out.push_str("# TYPE valve_worker_exits_total counter\n");
+        header(&mut out, "valve_worker_exits_total", "counter", "Workers that left the pool, by reason.");
         for r in ExitReason::ALL {
-            let _ = writeln!(
-                out,
-                "valve_worker_exits_total{{reason=\"{}\"}} {}",
-                r.as_str(),
-                self.exits[r as usize].load(Relaxed)
-            );
+            let n = self.exits[r as usize].load(Relaxed);
+            let _ = writeln!(out, "valve_worker_exits_total{{reason=\"{}\"}} {n}", r.as_str());
         }
-        out.push_str("# HELP valve_rejected_requests_total Requests valve answered itself, by reason.\n");
-        out.push_str("# TYPE valve_rejected_requests_total counter\n");
+        header(&mut out, "valve_rejected_requests_total", "counter", "Requests valve answered itself, by reason.");
         for r in Rejection::ALL {
-            let _ = writeln!(
-                out,
-                "valve_rejected_requests_total{{reason=\"{}\"}} {}",
-                r.as_str(),
-                self.rejected[r as usize].load(Relaxed)
-            );
+            let n = self.rejected[r as usize].load(Relaxed);
+            let _ = writeln!(out, "valve_rejected_requests_total{{reason=\"{}\"}} {n}", r.as_str());
         }
         out
     }
+}
+
+/// The `# HELP` and `# TYPE` lines of one metric.
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// A metric with one unlabelled sample.
+fn single(out: &mut String, name: &str, kind: &str, help: &str, value: u64) {
+    header(out, name, kind, help);
+    let _ = writeln!(out, "{name} {value}");
 }
 
 /// The pool's state at scrape time.

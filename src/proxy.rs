@@ -112,7 +112,11 @@ impl Proxy {
         // The path only: query strings can carry secrets.
         let path = self.access_log.then(|| req.uri().path().to_owned());
         let mut served = Served::default();
-        let resp = if self.shiny {
+        let resp = if declared_length(req.headers()).is_some_and(|len| len > self.max_body_size) {
+            // Refused before any worker is touched.
+            self.sup.metrics.reject(Rejection::BodyTooLarge);
+            too_large(self.max_body_size)
+        } else if self.shiny {
             self.forward_shiny(req, peer, &mut served).await
         } else {
             self.forward(req, peer, &mut served).await
@@ -136,10 +140,6 @@ impl Proxy {
     }
 
     async fn forward(&self, req: Request<Incoming>, peer: SocketAddr, served: &mut Served) -> Response<ProxyBody> {
-        if declared_length(req.headers()).is_some_and(|len| len > self.max_body_size) {
-            self.sup.metrics.reject(Rejection::BodyTooLarge);
-            return too_large(self.max_body_size);
-        }
         let root = req.uri().path() == "/" && matches!(*req.method(), Method::GET | Method::HEAD);
         let idempotent = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
         let mut outgoing = to_worker(req, peer, self.max_body_size);
@@ -218,10 +218,6 @@ impl Proxy {
         peer: SocketAddr,
         served: &mut Served,
     ) -> Response<ProxyBody> {
-        if declared_length(req.headers()).is_some_and(|len| len > self.max_body_size) {
-            self.sup.metrics.reject(Rejection::BodyTooLarge);
-            return too_large(self.max_body_size);
-        }
         let wanted = sticky_worker(req.headers(), &self.run_nonce);
         let websocket = is_websocket(&req);
         let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
@@ -239,12 +235,7 @@ impl Proxy {
                 Ok(s) => s,
                 Err(e) => return unavailable(&e),
             };
-            let connected = if websocket {
-                worker::connect_upgradable(&sticky.socket).await
-            } else {
-                worker::connect(&sticky.socket).await
-            };
-            match connected {
+            match worker::connect(&sticky.socket, websocket).await {
                 Ok(conn) => break (sticky, conn),
                 Err(e) => {
                     tracing::warn!(worker = sticky.worker, error = %e, "worker unreachable; taking it out of service");
@@ -509,26 +500,11 @@ fn redirect(location: &'static str) -> Response<ProxyBody> {
 
 /// A short JSON error: `{"error": "...", "status": N}`.
 pub fn error(status: StatusCode, message: &str) -> Response<ProxyBody> {
-    let text = format!("{{\"error\":{},\"status\":{}}}\n", json_string(message), status.as_u16());
+    let text = format!("{}\n", serde_json::json!({ "error": message, "status": status.as_u16() }));
     let mut resp = Response::new(ProxyBody::Full(Full::new(Bytes::from(text))));
     *resp.status_mut() = status;
     resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp
-}
-
-fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// What valve sends back to a client.

@@ -717,7 +717,7 @@ impl Lease {
             .socket
             .clone()
             .ok_or_else(|| SendError::Connect(self.worker, std::io::Error::other("worker is gone")))?;
-        let mut conn = worker::connect(&socket).await.map_err(|e| SendError::Connect(self.worker, e))?;
+        let mut conn = worker::connect(&socket, false).await.map_err(|e| SendError::Connect(self.worker, e))?;
         conn.ready().await.map_err(|e| SendError::Connect(self.worker, std::io::Error::other(e)))?;
         self.conn = Some(conn);
         Ok(())

@@ -422,7 +422,7 @@ fn pidfd_open(pid: u32) -> io::Result<AsyncFd<OwnedFd>> {
 /// Connects to a worker's socket and checks it answers HTTP. A plumber
 /// worker's answer carries its pid.
 pub async fn probe(socket: &Path) -> io::Result<(Conn, Option<u32>)> {
-    let mut conn = connect(socket).await?;
+    let mut conn = connect(socket, false).await?;
     let req = http::Request::get(PING_PATH)
         .header(http::header::HOST, "valve")
         .body(Either::Right(Empty::new()))
@@ -436,12 +436,14 @@ pub async fn probe(socket: &Path) -> io::Result<(Conn, Option<u32>)> {
     Ok((conn, pid))
 }
 
-/// Opens a fresh HTTP/1.1 connection to a worker's socket.
-pub async fn connect(socket: &Path) -> io::Result<Conn> {
+/// Opens a fresh HTTP/1.1 connection to a worker's socket; `upgradable` for a
+/// WebSocket, whose connection is handed over after the upgrade.
+pub async fn connect(socket: &Path, upgradable: bool) -> io::Result<Conn> {
     let stream = UnixStream::connect(socket).await?;
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(io::Error::other)?;
     tokio::spawn(async move {
-        if let Err(e) = conn.await {
+        let ended = if upgradable { conn.with_upgrades().await } else { conn.await };
+        if let Err(e) = ended {
             tracing::debug!(error = %e, "worker connection closed");
         }
     });
@@ -474,23 +476,4 @@ pub fn private_bytes(pid: u32) -> Option<u64> {
         .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         .sum();
     Some(kb * 1024)
-}
-
-/// A process's proportional share of memory (PSS) in bytes.
-pub fn pss_bytes(pid: u32) -> Option<u64> {
-    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
-    let kb: u64 = rollup.lines().find(|l| l.starts_with("Pss:"))?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-/// Opens a connection to a worker's socket that can be upgraded (a WebSocket).
-pub async fn connect_upgradable(socket: &Path) -> io::Result<Conn> {
-    let stream = UnixStream::connect(socket).await?;
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(io::Error::other)?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!(error = %e, "worker connection closed");
-        }
-    });
-    Ok(sender)
 }
