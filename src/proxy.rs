@@ -226,50 +226,67 @@ impl Proxy {
             outgoing.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             outgoing.headers_mut().insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         }
-        // Nothing has been sent while a worker cannot be reached, so the request
-        // may go to another one (the browser then gets a new sticky cookie).
+        // While nothing has come back, a request the worker could not take may go
+        // to another one (the browser then gets a new sticky cookie): any request
+        // when the worker cannot be reached, a bodyless GET, HEAD or OPTIONS (the
+        // page, a WebSocket upgrade) when it dies before answering.
+        let replayable = matches!(*outgoing.method(), Method::GET | Method::HEAD | Method::OPTIONS)
+            && matches!(outgoing.body(), Either::Right(_));
         let mut wanted = wanted;
-        let mut refused = 0;
-        let (sticky, mut conn) = loop {
+        let mut failed = 0;
+        let (sticky, mut resp) = loop {
             let sticky = match self.sup.session_worker(wanted).await {
                 Ok(s) => s,
                 Err(e) => return unavailable(&e),
             };
-            match worker::connect(&sticky.socket, websocket).await {
-                Ok(conn) => break (sticky, conn),
+            served.worker = Some(sticky.worker);
+            let mut conn = match worker::connect(&sticky.socket, websocket).await {
+                Ok(conn) => conn,
                 Err(e) => {
                     tracing::warn!(worker = sticky.worker, error = %e, "worker unreachable; taking it out of service");
                     self.sup.retire(sticky.worker, ExitReason::Broken);
-                    refused += 1;
-                    if refused >= CONNECT_TRIES {
+                    failed += 1;
+                    if failed >= CONNECT_TRIES {
                         self.sup.metrics.reject(Rejection::WorkerFailed);
                         return error(StatusCode::BAD_GATEWAY, "no R worker could be reached; reload the page");
                     }
                     wanted = None;
+                    continue;
                 }
-            }
-        };
-        served.worker = Some(sticky.worker);
-        let sent = async {
-            conn.ready().await?;
-            conn.send_request(outgoing).await
-        };
-        let answer = match (websocket, self.request_timeout) {
-            (false, Some(limit)) => match tokio::time::timeout(limit, sent).await {
-                Ok(answer) => answer,
-                Err(_) => {
-                    self.sup.metrics.reject(Rejection::RequestTimeout);
-                    return error(StatusCode::GATEWAY_TIMEOUT, "the R worker took longer than --request-timeout");
+            };
+            let spare = replayable.then(|| head_copy(&outgoing));
+            let sent = async {
+                conn.ready().await?;
+                conn.send_request(outgoing).await
+            };
+            let answer = match (websocket, self.request_timeout) {
+                (false, Some(limit)) => match tokio::time::timeout(limit, sent).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        self.sup.metrics.reject(Rejection::RequestTimeout);
+                        return error(StatusCode::GATEWAY_TIMEOUT, "the R worker took longer than --request-timeout");
+                    }
+                },
+                _ => sent.await,
+            };
+            match answer {
+                Ok(resp) => break (sticky, resp),
+                Err(e) => {
+                    tracing::warn!(worker = sticky.worker, error = %e, "request to Shiny worker failed");
+                    failed += 1;
+                    match spare {
+                        Some(again) if failed < CONNECT_TRIES => {
+                            // If the worker is dead the next connect to it is refused and
+                            // takes it out of service; a live one just gets the retry.
+                            outgoing = again;
+                            wanted = None;
+                        }
+                        _ => {
+                            self.sup.metrics.reject(Rejection::WorkerFailed);
+                            return error(StatusCode::BAD_GATEWAY, "the R worker failed to answer");
+                        }
+                    }
                 }
-            },
-            _ => sent.await,
-        };
-        let mut resp = match answer {
-            Ok(resp) => resp,
-            Err(e) => {
-                tracing::warn!(worker = sticky.worker, error = %e, "request to Shiny worker failed");
-                self.sup.metrics.reject(Rejection::WorkerFailed);
-                return error(StatusCode::BAD_GATEWAY, "the R worker failed to answer");
             }
         };
         let mut out = if let (Some(client), StatusCode::SWITCHING_PROTOCOLS) = (client_upgrade, resp.status()) {

@@ -86,6 +86,28 @@ fn a_reload_survives_the_death_of_the_sessions_worker() {
 }
 
 #[test]
+fn a_page_asked_for_as_its_worker_dies_is_served_by_another() {
+    // The worker takes the connection and dies before answering (stopped, then
+    // killed, so the race the page load meets in real life happens every time):
+    // the page load must get the app from a new worker, not a 502.
+    let valve = Valve::start(&["-f", &shiny_example("01_hello"), "--no-access-log"]);
+    let victim = valve.workers()[0];
+    unsafe { libc::kill(victim as i32, libc::SIGSTOP) };
+    let curl = Command::new("curl")
+        .args(["-s", "-w", "\n%{http_code}", "--max-time", "30", &valve.get("/")])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("curl runs");
+    std::thread::sleep(Duration::from_millis(500));
+    unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+    let out = curl.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.ends_with("\n200") && text.contains("shiny"), "{text}\n{}", valve.log());
+    assert!(valve.log().contains("request to Shiny worker failed"), "the first worker took the request");
+    assert!(!valve.workers().contains(&victim));
+}
+
+#[test]
 fn sessions_are_counted_in_metrics_and_status() {
     let valve = Valve::start(&["-f", &shiny_example("01_hello"), "--no-access-log"]);
     drive("hello", &valve.url, &[]);
