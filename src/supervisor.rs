@@ -468,7 +468,7 @@ impl Supervisor {
             tracing::warn!(
                 worker = id,
                 delay_ms = delay.as_millis() as u64,
-                "workers keep failing to start; waiting before the next try"
+                "a worker failed to start or died soon after starting; waiting before the next start"
             );
             tokio::time::sleep(delay).await;
         }
