@@ -43,6 +43,9 @@ pub struct Slot {
     pub last_used: Instant,
     pub created: Instant,
     pub served: u64,
+    /// The worker finished a request or opened a Shiny session: it works, so
+    /// its death is not a failed start (crash-loop backoff ignores it).
+    pub proven: bool,
     /// Requests after which the worker is replaced (`--max-requests` plus jitter).
     pub limit: Option<u64>,
     /// Shiny sessions the worker holds (open WebSockets). A worker with
@@ -150,6 +153,7 @@ impl<W> Pool<W> {
                 last_used: now,
                 created: now,
                 served: 0,
+                proven: false,
                 limit,
                 sessions: 0,
                 pending: 0,
@@ -209,6 +213,7 @@ impl<W> Pool<W> {
         if slot.state == State::Stopping {
             return Release::Gone;
         }
+        slot.proven |= slot.state == State::Busy;
         slot.last_used = now;
         if slot.limit.is_some_and(|limit| slot.served >= limit) {
             slot.state = State::Stopping;
@@ -317,6 +322,7 @@ impl<W> Pool<W> {
     pub fn session_opened(&mut self, id: WorkerId, now: Instant) {
         if let Some(slot) = self.slots.get_mut(&id) {
             slot.sessions += 1;
+            slot.proven = true;
             slot.pending = slot.pending.saturating_sub(1);
             slot.last_used = now;
         }
@@ -389,6 +395,21 @@ mod tests {
             other => panic!("expected retirement, got {other:?}"),
         }
         assert_eq!(p.checkout(), None, "a retiring worker takes no more requests");
+    }
+
+    #[test]
+    fn a_worker_is_proven_once_it_finishes_a_request_or_opens_a_session() {
+        let (mut p, now) = pool(2, 2);
+        let ids = p.fill_to_min(now);
+        ready_all(&mut p, &ids, now);
+        assert!(ids.iter().all(|id| !p.slot(*id).unwrap().proven), "ready is not proven");
+        let busy = p.checkout().unwrap();
+        assert!(!p.slot(busy).unwrap().proven, "a request in progress proves nothing yet");
+        p.release(busy, now);
+        assert!(p.slot(busy).unwrap().proven);
+        let other = *ids.iter().find(|id| **id != busy).unwrap();
+        p.session_opened(other, now);
+        assert!(p.slot(other).unwrap().proven);
     }
 
     #[test]

@@ -26,7 +26,8 @@ const KILL_AFTER: Duration = Duration::from_secs(3);
 /// The first and the longest pause before restarting a worker that failed to start.
 const BACKOFF_FIRST: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// A worker that dies sooner than this after it became ready counts as a failed start.
+/// A worker that dies sooner than this after it became ready, before finishing a
+/// request, counts as a failed start.
 const CRASH_WINDOW: Duration = Duration::from_secs(5);
 /// Failed starts further apart than this do not add up to a crash loop.
 const FAILURE_MEMORY: Duration = Duration::from_secs(60);
@@ -562,7 +563,10 @@ impl Supervisor {
         let reason = live.as_ref().and_then(|l| l.stop_reason).unwrap_or(ExitReason::Crashed);
         self.metrics.exit(reason);
         let planned = reason.planned();
-        if !planned && live.and_then(|l| l.ready_at).is_some_and(|t| t.elapsed() < CRASH_WINDOW) {
+        // A worker that dies soon after it became ready, before it ever finished a
+        // request, counts as a failed start; one that served is simply replaced.
+        let proven = inner.pool.slot(id).is_some_and(|s| s.proven);
+        if !planned && !proven && live.and_then(|l| l.ready_at).is_some_and(|t| t.elapsed() < CRASH_WINDOW) {
             inner.record_failed_start();
         }
         let respawn = inner.pool.exited(id, Instant::now());

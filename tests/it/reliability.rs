@@ -73,7 +73,8 @@ async fn chaos_killing_workers_under_load_fails_no_request() {
     assert!(killed >= 5, "the chaos actually happened: {killed} workers killed");
     assert!(ok > 30, "load was steady: {ok}");
     assert!(failed.is_empty(), "failed requests: {failed:?}");
-    wait_until("the pool back at n_min", Duration::from_secs(15), || valve.workers().len() == 3);
+    // Workers that had served are replaced at once, not backed off as a crash loop.
+    wait_until("the pool back at n_min", Duration::from_secs(10), || valve.workers().len() == 3);
 }
 
 #[tokio::test(flavor = "multi_thread")]
