@@ -261,28 +261,60 @@ pub struct Plumber {
 impl Plumber {
     /// `target` is a plumber file, or a directory for `plumb(dir = )`.
     pub fn start(target: &Path) -> Plumber {
-        let port = free_port();
-        let expr = if target.is_dir() {
-            format!("library(plumber); pr_run(plumb(dir = '{}'), port = {port}, quiet = TRUE)", target.display())
-        } else {
-            format!("library(plumber); pr_run(pr('{}'), port = {port}, quiet = TRUE)", target.display())
-        };
-        let workdir = if target.is_dir() { target.to_path_buf() } else { target.parent().unwrap().to_path_buf() };
-        let child = Command::new("Rscript")
-            .args(["-e", &expr])
-            .current_dir(workdir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .process_group(0)
-            .spawn()
-            .expect("Rscript starts");
-        let url = format!("http://127.0.0.1:{port}");
-        wait_until("plain plumber to listen", START_DEADLINE, || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-        Plumber { child, url }
+        // A port from `free_port` is free only until R binds it, and tests run in
+        // parallel: a valve started meanwhile may take it. So the port counts only
+        // once this very process listens on it; otherwise try another.
+        for _ in 0..5 {
+            let port = free_port();
+            let expr = if target.is_dir() {
+                format!("library(plumber); pr_run(plumb(dir = '{}'), port = {port}, quiet = TRUE)", target.display())
+            } else {
+                format!("library(plumber); pr_run(pr('{}'), port = {port}, quiet = TRUE)", target.display())
+            };
+            let workdir = if target.is_dir() { target.to_path_buf() } else { target.parent().unwrap().to_path_buf() };
+            let mut child = Command::new("Rscript")
+                .args(["-e", &expr])
+                .current_dir(workdir)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .process_group(0)
+                .spawn()
+                .expect("Rscript starts");
+            let start = Instant::now();
+            while start.elapsed() < START_DEADLINE {
+                if child.try_wait().ok().flatten().is_some() {
+                    break;
+                }
+                if listens_on(child.id(), port) {
+                    return Plumber { child, url: format!("http://127.0.0.1:{port}") };
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+        }
+        panic!("plain plumber could not listen on a free port for {}", target.display());
     }
+}
+
+/// Whether process `pid` holds the listening TCP socket on 127.0.0.1 or any address at `port`.
+fn listens_on(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else { return false };
+    // Columns: sl local_address rem_address st ... inode (10th).
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let local_port = cols.get(1)?.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok())?;
+            (local_port == port && cols.get(3) == Some(&"0A")).then(|| cols.get(9).map(|i| format!("socket:[{i}]")))?
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    fds.filter_map(Result::ok)
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .any(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
 }
 
 impl Drop for Plumber {
