@@ -141,10 +141,9 @@ impl Proxy {
 
     async fn forward(&self, req: Request<Incoming>, peer: SocketAddr, served: &mut Served) -> Response<ProxyBody> {
         let root = req.uri().path() == "/" && matches!(*req.method(), Method::GET | Method::HEAD);
-        let idempotent = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
         let mut outgoing = to_worker(req, peer, self.max_body_size);
-        // A bodyless GET, HEAD or OPTIONS can be replayed once if its worker dies before answering.
-        let mut spare = (idempotent && matches!(outgoing.body(), Either::Right(_))).then(|| head_copy(&outgoing));
+        // Replayed once if its worker dies before answering.
+        let mut spare = replay_copy(&outgoing);
         let mut refused = 0;
         let resp = loop {
             let mut lease = match self.sup.acquire().await {
@@ -218,7 +217,7 @@ impl Proxy {
         peer: SocketAddr,
         served: &mut Served,
     ) -> Response<ProxyBody> {
-        let wanted = sticky_worker(req.headers(), &self.run_nonce);
+        let mut wanted = sticky_worker(req.headers(), &self.run_nonce);
         let websocket = is_websocket(&req);
         let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
         let mut outgoing = to_worker(req, peer, self.max_body_size);
@@ -230,9 +229,6 @@ impl Proxy {
         // to another one (the browser then gets a new sticky cookie): any request
         // when the worker cannot be reached, a bodyless GET, HEAD or OPTIONS (the
         // page, a WebSocket upgrade) when it dies before answering.
-        let replayable = matches!(*outgoing.method(), Method::GET | Method::HEAD | Method::OPTIONS)
-            && matches!(outgoing.body(), Either::Right(_));
-        let mut wanted = wanted;
         let mut failed = 0;
         let (sticky, mut resp) = loop {
             let sticky = match self.sup.session_worker(wanted).await {
@@ -254,7 +250,7 @@ impl Proxy {
                     continue;
                 }
             };
-            let spare = replayable.then(|| head_copy(&outgoing));
+            let spare = replay_copy(&outgoing);
             let sent = async {
                 conn.ready().await?;
                 conn.send_request(outgoing).await
@@ -401,14 +397,19 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
     headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()
 }
 
-/// A bodyless copy of a request, to replay it.
-fn head_copy(req: &Request<ReqBody>) -> Request<ReqBody> {
-    let mut copy = Request::new(Either::Right(Empty::new()));
-    *copy.method_mut() = req.method().clone();
-    *copy.uri_mut() = req.uri().clone();
-    *copy.version_mut() = req.version();
-    *copy.headers_mut() = req.headers().clone();
-    copy
+/// A copy to send again if the worker dies before answering: only for a
+/// bodyless GET, HEAD or OPTIONS, which R can safely be asked twice.
+fn replay_copy(req: &Request<ReqBody>) -> Option<Request<ReqBody>> {
+    let replayable =
+        matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) && matches!(req.body(), Either::Right(_));
+    replayable.then(|| {
+        let mut copy = Request::new(Either::Right(Empty::new()));
+        *copy.method_mut() = req.method().clone();
+        *copy.uri_mut() = req.uri().clone();
+        *copy.version_mut() = req.version();
+        *copy.headers_mut() = req.headers().clone();
+        copy
+    })
 }
 
 fn too_large(limit: u64) -> Response<ProxyBody> {

@@ -57,6 +57,17 @@ struct Live {
     conns: Vec<Conn>,
 }
 
+impl Live {
+    /// valve takes the worker out of service: no more connections to it, and a
+    /// signal (SIGTERM for a planned stop, SIGKILL for a hung or broken worker).
+    /// The first reason given is the one its exit is counted under.
+    fn take_out(&mut self, reason: ExitReason) {
+        self.conns.clear();
+        self.stop_reason.get_or_insert(reason);
+        signal_then_kill(self.target, if reason.planned() { libc::SIGTERM } else { libc::SIGKILL });
+    }
+}
+
 struct Inner {
     pool: Pool<Waiter>,
     live: HashMap<WorkerId, Live>,
@@ -399,9 +410,7 @@ impl Supervisor {
         let mut inner = self.lock();
         let respawn = inner.pool.retire(id, Instant::now());
         if let Some(live) = inner.live.get_mut(&id) {
-            live.conns.clear();
-            live.stop_reason.get_or_insert(reason);
-            signal_then_kill(live.target, if reason.planned() { libc::SIGTERM } else { libc::SIGKILL });
+            live.take_out(reason);
         }
         let delay = inner.backoff();
         drop(inner);
@@ -428,9 +437,7 @@ impl Supervisor {
                 }
                 Release::Retire(respawn) => {
                     if let Some(live) = inner.live.get_mut(&id) {
-                        live.conns.clear();
-                        live.stop_reason.get_or_insert(ExitReason::Recycled);
-                        signal_then_kill(live.target, libc::SIGTERM);
+                        live.take_out(ExitReason::Recycled);
                         tracing::info!(
                             worker = id,
                             pid = live.target.pid(),
@@ -589,12 +596,9 @@ impl Supervisor {
     /// Asks one worker to stop: SIGTERM to its group now, SIGKILL if it lingers.
     fn stop(&self, inner: &mut Inner, id: WorkerId, reason: ExitReason) {
         inner.pool.stop(id);
-        let Some(live) = inner.live.get_mut(&id) else {
-            return;
-        };
-        live.conns.clear();
-        live.stop_reason.get_or_insert(reason);
-        signal_then_kill(live.target, libc::SIGTERM);
+        if let Some(live) = inner.live.get_mut(&id) {
+            live.take_out(reason);
+        }
     }
 
     /// Every `check_unused`, stops workers idle for longer than `max_age`, keeping `n_min`.
@@ -699,8 +703,6 @@ pub enum SendError {
     Http(WorkerId, hyper::Error),
     #[error("worker {0} took longer than --request-timeout ({1:?})")]
     Timeout(WorkerId, Duration),
-    #[error("the exchange with the worker was cut short")]
-    Cancelled,
 }
 
 impl Lease {
