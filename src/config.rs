@@ -112,6 +112,18 @@ pub struct Args {
     /// Seconds a client gets to send a request's headers before it is cut off.
     #[arg(long = "header-timeout", env = "VALVE_HEADER_TIMEOUT", default_value = "30", value_name = "SECONDS")]
     pub header_timeout: String,
+
+    /// On SIGTERM, answer readiness 503 at once but keep serving for SECONDS before draining, so a
+    /// load balancer (a Kubernetes Service) stops sending traffic first. Answers carry
+    /// `Connection: close` meanwhile.
+    #[arg(long = "drain-delay", env = "VALVE_DRAIN_DELAY", default_value = "0", value_name = "SECONDS")]
+    pub drain_delay: String,
+
+    /// Check a running valve and exit: 0 if URL answers 2xx within 5 s, 1 otherwise. Without URL,
+    /// valve's own /__valve__/healthz at --host (127.0.0.1 for 0.0.0.0) and --port. For container
+    /// HEALTHCHECKs: no curl needed.
+    #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "")]
+    pub healthcheck: Option<String>,
 }
 
 /// What valve serves.
@@ -131,6 +143,21 @@ impl App {
         match self {
             App::PlumberFile(p) | App::PlumberDir(p) | App::Shiny(p) => p,
         }
+    }
+
+    /// A label for logs and metrics: the app's folder, or its file's name without `.R`.
+    pub fn name(&self) -> String {
+        let p = match self {
+            App::PlumberFile(p) => p.clone(),
+            App::Shiny(p) if p.is_file() => p.parent().map(Path::to_path_buf).unwrap_or_else(|| p.clone()),
+            App::PlumberDir(p) | App::Shiny(p) => p.clone(),
+        };
+        match self {
+            App::PlumberFile(_) => p.file_stem(),
+            _ => p.file_name(),
+        }
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "app".to_string())
     }
 
     pub fn is_shiny(&self) -> bool {
@@ -180,6 +207,7 @@ pub struct Config {
     /// `None`: never recycle by memory. In bytes.
     pub max_worker_memory: Option<u64>,
     pub header_timeout: Duration,
+    pub drain_delay: Duration,
     pub preload: bool,
     pub admin_addr: Option<String>,
     pub access_log: bool,
@@ -291,6 +319,21 @@ fn is_shiny_file(path: &Path) -> bool {
 }
 
 impl Args {
+    /// With `--healthcheck`: the URL to check.
+    pub fn healthcheck_url(&self) -> Option<String> {
+        let given = self.healthcheck.as_deref()?;
+        if !given.is_empty() {
+            return Some(given.to_string());
+        }
+        let host = match self.host.as_str() {
+            "0.0.0.0" | "" => "127.0.0.1",
+            "::" => "[::1]",
+            h if h.contains(':') && !h.starts_with('[') => return Some(format!("http://[{h}]:{}/__valve__/healthz", self.port)),
+            h => h,
+        };
+        Some(format!("http://{host}:{}/__valve__/healthz", self.port))
+    }
+
     pub fn into_config(self) -> Result<Config, ConfigError> {
         if self.n_max == 0 {
             return Err(ConfigError::ZeroMax);
@@ -324,6 +367,7 @@ impl Args {
                 .map(|v| parse_size("--max-worker-memory", v))
                 .transpose()?,
             header_timeout: seconds("--header-timeout", &self.header_timeout, false)?,
+            drain_delay: seconds("--drain-delay", &self.drain_delay, true)?,
             preload: self.preload,
             admin_addr: self.admin_addr,
             access_log: !self.no_access_log,

@@ -15,6 +15,7 @@
 pub mod admin;
 pub mod body;
 pub mod config;
+pub mod healthcheck;
 pub mod metrics;
 pub mod pool;
 pub mod proxy;

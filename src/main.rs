@@ -22,7 +22,11 @@ const EXIT_USAGE: u8 = 2;
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
 fn main() -> ExitCode {
-    let config = match Args::parse().into_config() {
+    let args = Args::parse();
+    if let Some(url) = args.healthcheck_url() {
+        return healthcheck(&url);
+    }
+    let config = match args.into_config() {
         Ok(config) => config,
         Err(e) => {
             eprintln!("valve: error: {e}");
@@ -51,9 +55,30 @@ fn main() -> ExitCode {
     runtime.block_on(run(config))
 }
 
+/// `--healthcheck`: one request, exit 0 on 2xx, 1 otherwise.
+fn healthcheck(url: &str) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("valve: error: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_START);
+        }
+    };
+    match runtime.block_on(valve::healthcheck::check(url)) {
+        Ok(status) => {
+            println!("valve: {url} answered {status}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("valve: unhealthy: {e}");
+            ExitCode::from(EXIT_START)
+        }
+    }
+}
+
 async fn run(config: Config) -> ExitCode {
     let shutdown = Shutdown::new();
-    if let Err(e) = shutdown.listen_for_signals() {
+    if let Err(e) = shutdown.listen_for_signals(config.drain_delay) {
         eprintln!("valve: error: cannot listen for signals: {e}");
         return ExitCode::from(EXIT_START);
     }
@@ -93,11 +118,13 @@ async fn run(config: Config) -> ExitCode {
             return ExitCode::from(EXIT_START);
         }
     };
-    let admin = Admin::new(sup.clone(), &config, shutdown.drain.clone());
+    let admin = Admin::new(sup.clone(), &config, shutdown.signalled.clone());
+    let mut admin_url = None;
     let admin_on_main = match admin_listener {
         Some(listener) => {
             if let Ok(a) = listener.local_addr() {
-                println!("valve: admin pages on http://{a}/__valve__/");
+                tracing::info!("valve: admin pages on http://{a}/__valve__/");
+                admin_url = Some(valve::server::display_addr(a));
             }
             valve::server::serve_admin(listener, admin);
             None
@@ -136,13 +163,37 @@ async fn run(config: Config) -> ExitCode {
         }
     }
     let url = valve::server::display_addr(addr);
-    let docs = if config.app.is_shiny() { String::new() } else { format!(" (docs: {url}/__docs__/)") };
-    println!(
-        "valve: serving {} on {url} with {} worker(s), up to {}{docs}",
+    let docs = (!config.app.is_shiny()).then(|| format!("{url}/__docs__/"));
+    tracing::info!(
+        "valve: serving {} on {url} with {} worker(s), up to {}{}",
         config.app.path().display(),
         config.n_min,
-        config.n_max
+        config.n_max,
+        docs.as_deref().map(|d| format!(" (docs: {d})")).unwrap_or_default()
     );
+    // The one line on stdout: for programs (the R package, tests, scripts), not people.
+    let ready = serde_json::json!({
+        "event": "ready",
+        "version": env!("CARGO_PKG_VERSION"),
+        "pid": std::process::id(),
+        "url": url,
+        "host": addr.ip().to_string(),
+        "port": addr.port(),
+        "admin_url": admin_url,
+        "workers": config.n_min,
+        "max_workers": config.n_max,
+        "apps": [{
+            "name": config.app.name(),
+            "path": "/",
+            "file": config.app.path(),
+            "kind": if config.app.is_shiny() { "shiny" } else { "plumber" },
+            "url": format!("{url}/"),
+            "docs": docs,
+            "n_min": config.n_min,
+            "n_max": config.n_max,
+        }],
+    });
+    println!("{ready}");
     match server.await {
         Ok(Drained::Clean) => ExitCode::SUCCESS,
         _ => ExitCode::from(EXIT_START),

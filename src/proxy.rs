@@ -64,6 +64,8 @@ pub struct Proxy {
     pub sessions: TaskTracker,
     /// Fired when the drain gives up on open sessions.
     pub close_sessions: CancellationToken,
+    /// Fired when a stop was asked for: answers carry `Connection: close`.
+    closing: CancellationToken,
 }
 
 /// The sticky cookie that ties a browser to its Shiny worker.
@@ -81,7 +83,12 @@ struct Served {
 }
 
 impl Proxy {
-    pub fn new(sup: Arc<Supervisor>, config: &Config, admin: Option<Arc<Admin>>) -> Arc<Self> {
+    pub fn new(
+        sup: Arc<Supervisor>,
+        config: &Config,
+        admin: Option<Arc<Admin>>,
+        closing: CancellationToken,
+    ) -> Arc<Self> {
         Arc::new(Proxy {
             sup,
             max_body_size: config.max_body_size,
@@ -92,20 +99,32 @@ impl Proxy {
             run_nonce: format!("{:x}", u64::from(std::process::id()) ^ nonce_seed()),
             sessions: TaskTracker::new(),
             close_sessions: CancellationToken::new(),
+            closing,
         })
     }
 
     /// Answers one client request. Every failure becomes a short JSON answer.
+    /// Once a stop was asked for, every answer closes its connection, so
+    /// clients reconnect (through their load balancer) to a valve that stays.
     pub async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
         peer: SocketAddr,
     ) -> Result<Response<ProxyBody>, Infallible> {
+        let closing = self.closing.clone();
+        let mut resp = self.answer(req, peer).await;
+        if closing.is_cancelled() && resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        Ok(resp)
+    }
+
+    async fn answer(self: Arc<Self>, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
         if req.uri().path().starts_with(RESERVED_PREFIX) {
-            return Ok(match &self.admin {
+            return match &self.admin {
                 Some(admin) => admin.handle(req.uri().path()),
                 None => error(StatusCode::NOT_FOUND, "no such valve path"),
-            });
+            };
         }
         let start = Instant::now();
         let method = req.method().clone();
@@ -136,7 +155,7 @@ impl Proxy {
                 "request"
             );
         }
-        Ok(resp)
+        resp
     }
 
     async fn forward(&self, req: Request<Incoming>, peer: SocketAddr, served: &mut Served) -> Response<ProxyBody> {

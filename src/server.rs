@@ -37,7 +37,7 @@ pub async fn run(
 ) -> Drained {
     let config = &config;
     let grace = config.graceful_timeout;
-    let proxy = Proxy::new(sup.clone(), config, admin);
+    let proxy = Proxy::new(sup.clone(), config, admin, shutdown.signalled.clone());
     let pruner = tokio::spawn(sup.clone().prune_loop(shutdown.drain.clone()));
     let connections = TaskTracker::new();
     let mut http = http1::Builder::new();

@@ -94,7 +94,7 @@ valve_start <- function(filepath = "plumber.R", host = "127.0.0.1", port = 0,
 wait_ready <- function(p, out_file, log_file, timeout, call) {
   deadline <- Sys.time() + timeout
   repeat {
-    line <- grep("^valve: serving ", complete_lines(out_file), value = TRUE)
+    line <- grep('"event":"ready"', complete_lines(out_file), value = TRUE, fixed = TRUE)
     if (length(line) > 0) {
       return(line[[1]])
     }
@@ -175,21 +175,20 @@ read_lines <- function(path) {
   readLines(path, warn = FALSE)
 }
 
-# `valve: serving /abs/plumber.R on http://127.0.0.1:3000 with 1 worker(s),
-# up to 3 (docs: http://127.0.0.1:3000/__docs__/)`
+# valve's ready line: one JSON object on stdout, e.g.
+# {"event":"ready","url":"http://127.0.0.1:3000","port":3000,"workers":1,
+#  "max_workers":3,"apps":[{"file":"/abs/plumber.R","docs":"...",...}],...}
 parse_ready_line <- function(line) {
-  field <- function(pattern) {
-    m <- regmatches(line, regexec(pattern, line))[[1]]
-    if (length(m) < 2) NA_character_ else m[[2]]
-  }
-  url <- field(" on (https?://[^ ]+)")
+  ready <- jsonlite::fromJSON(line, simplifyVector = FALSE)
+  app <- if (length(ready$apps) > 0) ready$apps[[1]] else list()
+  null_na <- function(x, na) if (is.null(x)) na else x
   list(
-    url = url,
-    docs = field("\\(docs: ([^ )]+)"),
-    port = as.integer(sub("^.*:([0-9]+)/?$", "\\1", url)),
-    app = field("^valve: serving (.+) on https?://"),
-    n_min = as.integer(field(" with ([0-9]+) worker")),
-    n_max = as.integer(field("up to ([0-9]+)"))
+    url = ready$url,
+    docs = null_na(app$docs, NA_character_),
+    port = as.integer(ready$port),
+    app = null_na(app$file, NA_character_),
+    n_min = as.integer(null_na(app$n_min, NA)),
+    n_max = as.integer(null_na(app$n_max, NA))
   )
 }
 

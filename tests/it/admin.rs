@@ -124,7 +124,7 @@ async fn access_log_lines_carry_method_path_status_and_worker() {
     let quiet = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "--no-access-log", "--log-format", "json"]);
     client().get(quiet.get("/pid")).send().await.unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    assert!(!quiet.log().contains("\"path\""), "the access log can be turned off");
+    assert!(!quiet.log().contains("valve::access"), "the access log can be turned off");
     let first_json =
         quiet.log().lines().find(|l| l.starts_with('{')).map(|l| serde_json::from_str::<serde_json::Value>(l).is_ok());
     assert_eq!(first_json, Some(true), "--log-format json writes JSON lines");
@@ -152,4 +152,49 @@ async fn dashboard_shows_every_worker_and_updates_live_in_chromium() {
         let _ = std::fs::copy(&shot, dest);
     }
     let _ = std::fs::remove_file(shot);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn drain_delay_keeps_serving_while_readiness_says_503() {
+    let mut valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "--drain-delay", "2"]);
+    valve.signal(libc::SIGTERM);
+    let signalled = std::time::Instant::now();
+    wait_until("readyz to say 503", Duration::from_secs(1), || {
+        let r = std::process::Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", &valve.get("/__valve__/readyz")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&r.stdout) == "503"
+    });
+    // Still accepting and serving during the delay, each answer closing its connection.
+    let resp = client().get(valve.get("/pid")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["connection"], "close");
+    assert!(signalled.elapsed() < Duration::from_secs(2), "checked within the delay");
+    assert_eq!(valve.wait_exit(Duration::from_secs(10)).code(), Some(0));
+    assert!(signalled.elapsed() >= Duration::from_millis(1900), "the drain waited for --drain-delay");
+}
+
+#[test]
+fn healthcheck_mode_says_whether_a_valve_answers() {
+    let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap()]);
+    let ok = std::process::Command::new(env!("CARGO_BIN_EXE_valve"))
+        .args(["--healthcheck", &valve.get("/__valve__/healthz")])
+        .output()
+        .unwrap();
+    assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stderr));
+    let port = valve.ready["port"].to_string();
+    let by_port = std::process::Command::new(env!("CARGO_BIN_EXE_valve"))
+        .args(["--healthcheck", "--port", &port])
+        .output()
+        .unwrap();
+    assert_eq!(by_port.status.code(), Some(0), "the default URL is valve's own healthz on --port");
+    let closed = free_port().to_string();
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_valve"))
+        .args(["--healthcheck", "--port", &closed])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("cannot connect") && err.contains(&closed), "{err}");
 }

@@ -77,6 +77,8 @@ pub fn preloading() -> bool {
 pub struct Valve {
     child: Child,
     pub url: String,
+    /// The JSON object valve printed on stdout when it was ready.
+    pub ready: serde_json::Value,
     log: Arc<Mutex<Vec<String>>>,
 }
 
@@ -138,10 +140,12 @@ impl Valve {
             let left = START_DEADLINE.checked_sub(start.elapsed()).unwrap_or_default();
             match rx.recv_timeout(left) {
                 Ok(line) => {
-                    if let Some(rest) = line.strip_prefix("valve: serving ").and_then(|l| l.split(" on http://").nth(1))
-                    {
-                        let addr = rest.split_whitespace().next().unwrap();
-                        return Valve { child, url: format!("http://{addr}"), log };
+                    // valve's one line on stdout: a JSON object once it serves.
+                    if let Ok(ready) = serde_json::from_str::<serde_json::Value>(&line) {
+                        if ready["event"] == "ready" {
+                            let url = ready["url"].as_str().expect("the ready line carries the url").to_string();
+                            return Valve { child, url, ready, log };
+                        }
                     }
                 }
                 Err(_) => {

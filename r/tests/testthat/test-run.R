@@ -15,11 +15,11 @@ test_that("valve_run() serves until interrupted, then leaves nothing running", {
   ready <- wait_for(timeout = 60, function() {
     session$poll_io(200)
     output <<- c(output, session$read_output_lines())
-    any(grepl("^valve: serving ", output)) || !session$is_alive()
+    any(grepl('"event":"ready"', output, fixed = TRUE)) || !session$is_alive()
   })
   expect_true(ready && session$is_alive(), info = paste(output, collapse = "\n"))
-  line <- grep("^valve: serving ", output, value = TRUE)[[1]]
-  url <- sub("^.* on (http://[^ ]+) .*$", "\\1", line)
+  line <- grep('"event":"ready"', output, value = TRUE, fixed = TRUE)[[1]]
+  url <- jsonlite::fromJSON(line)$url
 
   valve <- Filter(function(h) ps::ps_name(h) == "valve", ps::ps_children(session$as_ps_handle()))
   expect_length(valve, 1)

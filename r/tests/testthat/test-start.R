@@ -112,9 +112,11 @@ test_that("an unassigned handle is kept until valve_stop_all()", {
 })
 
 test_that("the ready line is parsed into the handle's fields", {
-  line <- paste(
-    "valve: serving /srv/api/plumber.R on http://127.0.0.1:43210 with 2 worker(s),",
-    "up to 5 (docs: http://127.0.0.1:43210/__docs__/)"
+  line <- paste0(
+    '{"event":"ready","version":"0.1.0","pid":7,"url":"http://127.0.0.1:43210",',
+    '"host":"127.0.0.1","port":43210,"admin_url":null,"workers":2,"max_workers":5,',
+    '"apps":[{"name":"api","path":"/","file":"/srv/api/plumber.R","kind":"plumber",',
+    '"url":"http://127.0.0.1:43210/","docs":"http://127.0.0.1:43210/__docs__/","n_min":2,"n_max":5}]}'
   )
   expect_equal(
     valve:::parse_ready_line(line),
