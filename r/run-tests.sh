@@ -1,43 +1,99 @@
 #!/bin/sh
-# Tests the R package as users get it: installs it (building the valve binary
-# with cargo through configure) into a temporary library, then runs the
-# testthat suite against that installed copy, with VALVE_BINARY pointing at
-# ../target/release/valve when it exists. Skipping for want of a binary counts
-# as failing here. The last line is always `N passed, N failed` (test blocks),
-# and the exit status is non-zero if anything failed.
+# Tests the R package as R users get it:
+#   1. bundles valve's Rust sources and vendored crates into a copy of r/
+#      (tools/bundle; the checkout is left as it is);
+#   2. R CMD build: the source tarball valve_<version>.tar.gz;
+#   3. installs that tarball into a temporary library with the network cut
+#      (unshare --net, as root), so cargo builds valve from the vendored crates
+#      alone; checks nothing was written to the home directory;
+#   4. runs the testthat suite against that installed copy and its binary.
+# A test skipped for want of a binary counts as failed; a test skipped as
+# "pending in valve" (a valve feature this binary does not have yet) is listed
+# apart. The last line is always `N passed, N failed` (test blocks), and the
+# exit status is non-zero if anything failed.
 #
-# Usage: r/run-tests.sh  (from anywhere; set VALVE_SKIP_BUILD=1 to install
-# without running cargo)
+# Usage: r/run-tests.sh  (from anywhere)
+#   VALVE_SOURCE_ROOT=DIR  take the Rust sources from DIR instead of the
+#                          repository r/ is in
+#   VALVE_BINARY=PATH      used only to run the vignette's code while building
+#                          the tarball; the tests use the installed binary
+#   VALVE_KEEP_TARBALL=DIR copy the tarball there
 
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(dirname "$here")
+root=${VALVE_SOURCE_ROOT:-$(dirname "$here")}
 R=${R:-R}
 
-lib=$(mktemp -d "${TMPDIR:-/tmp}/valve-r-tests.XXXXXX") || {
-  echo "valve: cannot create a temporary library"
+fail() {
+  echo "valve: $*"
   echo "0 passed, 1 failed"
   exit 1
 }
-trap 'rm -rf "$lib"' EXIT INT TERM
 
-echo "valve: installing the R package into $lib"
-if ! "$R" CMD INSTALL --no-multiarch --library="$lib" "$here" >"$lib/install.log" 2>&1; then
-  cat "$lib/install.log"
-  echo "valve: R CMD INSTALL failed (log above)"
-  echo "0 passed, 1 failed"
-  exit 1
+work=$(mktemp -d "${TMPDIR:-/tmp}/valve-r-tests.XXXXXX") || fail "cannot create a temporary directory"
+trap 'rm -rf "$work"' EXIT INT TERM
+lib="$work/lib"
+mkdir -p "$lib" "$work/src" "$work/build" "$work/home"
+
+# 1. A copy of the package, without anything a previous install or bundle left.
+cp -R "$here" "$work/src/valve" || fail "cannot copy $here"
+(cd "$work/src/valve" && rm -rf src/rust src/Makevars src/valve-binary inst/bin inst/AUTHORS ./*.tar.gz ./*.Rcheck)
+echo "valve: bundling the Rust sources of $root"
+"$work/src/valve/tools/bundle" "$root" >"$work/bundle.log" 2>&1 || {
+  cat "$work/bundle.log"
+  fail "tools/bundle failed (log above)"
+}
+grep '^bundle: wrote' "$work/bundle.log"
+
+# 2. The tarball. Building the vignette installs the package once more: that
+# install skips cargo (VALVE_SKIP_BUILD) and runs the vignette's code with
+# $VALVE_BINARY when it is set.
+echo "valve: R CMD build"
+(cd "$work/build" && VALVE_SKIP_BUILD=1 "$R" CMD build "$work/src/valve" >"$work/build.log" 2>&1) || {
+  cat "$work/build.log"
+  fail "R CMD build failed (log above)"
+}
+tarball=$(ls "$work/build"/valve_*.tar.gz 2>/dev/null | head -n 1)
+[ -n "$tarball" ] || fail "R CMD build made no tarball"
+echo "valve: built $(basename "$tarball") ($(du -k "$tarball" | cut -f1) KB)"
+if [ -n "${VALVE_KEEP_TARBALL:-}" ]; then
+  mkdir -p "$VALVE_KEEP_TARBALL" && cp "$tarball" "$VALVE_KEEP_TARBALL/"
 fi
-grep '^valve:' "$lib/install.log"
 
-if [ -x "$root/target/release/valve" ]; then
-  VALVE_BINARY="$root/target/release/valve"
-  export VALVE_BINARY
+# 3. Install offline, with an empty home to see that nothing lands there.
+offline=""
+if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null 2>&1 && unshare --net true 2>/dev/null; then
+  offline="unshare --net"
+  echo "valve: installing $(basename "$tarball") with the network cut (unshare --net)"
+else
+  echo "valve: ******************************************************************"
+  echo "valve: WARNING: not root (or unshare --net refused): installing WITH the"
+  echo "valve: network; the offline build is NOT tested in this run."
+  echo "valve: ******************************************************************"
 fi
-echo "valve: testing with ${VALVE_BINARY:-the binary valve_binary() finds (VALVE_BINARY is not set)}"
+cargo_path=$(command -v cargo 2>/dev/null || echo "$HOME/.cargo/bin/cargo")
+started=$(date +%s)
+HOME="$work/home" RUSTUP_HOME="${RUSTUP_HOME:-$HOME/.rustup}" \
+  PATH="$(dirname "$cargo_path"):$PATH" \
+  $offline "$R" CMD INSTALL --library="$lib" "$tarball" >"$work/install.log" 2>&1 || {
+  cat "$work/install.log"
+  fail "R CMD INSTALL failed (log above)"
+}
+took=$(( $(date +%s) - started ))
+grep -E '^(valve:|cargo [0-9]|rustc [0-9])|Finished' "$work/install.log"
+echo "valve: installed in ${took} s"
+[ -x "$lib/valve/bin/valve" ] || {
+  cat "$work/install.log"
+  fail "the install has no bin/valve (log above)"
+}
+left=$(cd "$work/home" && find . -mindepth 1 | head -n 5)
+[ -z "$left" ] || fail "the install wrote to the home directory: $left"
 
+# 4. The tests, against the installed package and its own binary.
 cd "$here" || exit 1
-R_LIBS="$lib${R_LIBS:+:$R_LIBS}" VALVE_TESTS_REQUIRE_BINARY=1 NOT_CRAN=true \
+env -u VALVE_BINARY R_LIBS="$lib${R_LIBS:+:$R_LIBS}" VALVE_TESTS_REQUIRE_BINARY=1 \
+  VALVE_TESTS_INSTALLED=1 NOT_CRAN=true \
   "$R" --no-echo --no-restore --no-save -e '
+  options(valve.binary = NULL)
   res <- testthat::test_dir(
     "tests/testthat",
     package = "valve", load_package = "installed",
@@ -48,16 +104,25 @@ R_LIBS="$lib${R_LIBS:+:$R_LIBS}" VALVE_TESTS_REQUIRE_BINARY=1 NOT_CRAN=true \
     stop_on_failure = FALSE, stop_on_warning = FALSE
   )
   df <- as.data.frame(res)
+  skip_msgs <- lapply(res, function(t) {
+    r <- Filter(function(e) inherits(e, "expectation_skip"), t$results)
+    vapply(r, conditionMessage, "")
+  })
+  pending <- vapply(skip_msgs, function(m) length(m) > 0 && all(grepl("pending in valve", m, fixed = TRUE)), TRUE)
   bad <- df$failed > 0 | df$error
-  skipped <- !bad & df$skipped
+  skipped <- !bad & df$skipped & !pending
+  if (any(pending & !bad)) {
+    cat("pending (valve feature not in this binary yet, not counted):\n")
+    cat(paste0("  ", df$test[pending & !bad], ": ", vapply(skip_msgs[pending & !bad], `[`, "", 1), "\n"), sep = "")
+  }
   if (any(skipped)) {
     cat("skipped, counted as failed:", paste(df$test[skipped], collapse = "; "), "\n")
   }
   failed <- sum(bad | skipped)
-  cat(sprintf("%d passed, %d failed\n", nrow(df) - failed, failed))
-' 2>&1 | tee "$lib/test.out"
+  cat(sprintf("%d passed, %d failed\n", sum(!bad & !skipped & !pending), failed))
+' 2>&1 | tee "$work/test.out"
 
-last=$(tail -n 1 "$lib/test.out")
+last=$(tail -n 1 "$work/test.out")
 case "$last" in
   *" passed, 0 failed") exit 0 ;;
   *" passed, "*" failed") exit 1 ;;

@@ -49,23 +49,63 @@ one_flag <- function(name, value, call) {
   c(flag, value)
 }
 
-# Arguments valve_run() and valve_start() share, as valve flags. The R
+# What valve serves, as its command line: `--file PATH` for a plumber file or
+# folder, a Shiny app folder or app.R; `--config PATH` for a .toml file of
+# several apps; and for a plumber router built in this session, `--file` on a
+# copy saved for the workers (see R/router.R), whose directory `cleanup` is
+# removed when valve stops. NULL passes nothing: valve's default applies.
+app_args <- function(app, call) {
+  if (is.null(app)) {
+    return(list(args = character(), cleanup = NULL))
+  }
+  if (is_router(app)) {
+    path <- save_router(app, call = call)
+    return(list(args = c("--file", path), cleanup = dirname(path)))
+  }
+  if (inherits(app, "shiny.appobj")) {
+    cli::cli_abort(
+      c(
+        "valve serves a Shiny app from its files, not from a {.fn shinyApp} object.",
+        "i" = "Pass the app's folder (holding {.file app.R}, or {.file ui.R} and {.file server.R}) or its {.file app.R} file."
+      ),
+      call = call
+    )
+  }
+  if (!is.character(app) || length(app) != 1 || is.na(app) || !nzchar(app)) {
+    cli::cli_abort(
+      c(
+        "{.arg app} must be the path of a plumber file or folder, a Shiny app folder or {.file app.R}, or a {.file .toml} file of several apps; or a plumber router built with {.fn plumber::pr}.",
+        "x" = "It is {.obj_type_friendly {app}}."
+      ),
+      call = call
+    )
+  }
+  path <- path.expand(app)
+  flag <- if (grepl("\\.toml$", path, ignore.case = TRUE)) "--config" else "--file"
+  list(args = c(flag, path), cleanup = NULL)
+}
+
+# The whole command line for valve_run() and valve_start(). `flags` holds the
+# named arguments: NULL ones (those the user did not give) are left out, so
+# valve's own defaults apply. `dots` are any other valve flags. The R
 # executable defaults to the one running this session, so the workers see the
-# same R version; VALVE_R_BIN or r_bin = in `...` choose another.
-common_args <- function(filepath, host, port, n_min, n_max, workers,
-                        check_unused, max_age, dots, call) {
-  if (!is.character(filepath) || length(filepath) != 1 || is.na(filepath)) {
-    cli::cli_abort("{.arg filepath} must be the path of a plumber API file or directory.", call = call)
+# same R version; VALVE_R_BIN or r_bin = choose another. `filepath` (the
+# reference tool's name for the app) is taken for `app`.
+valve_command <- function(app, flags, dots, call) {
+  if ("filepath" %in% names(dots)) {
+    if (!is.null(app)) {
+      cli::cli_abort("Give {.arg app} or {.arg filepath}, not both.", call = call)
+    }
+    app <- dots$filepath
+    dots$filepath <- NULL
   }
-  named <- list(
-    file = path.expand(filepath), host = host, port = port, n_min = n_min,
-    n_max = n_max, workers = workers, check_unused = check_unused,
-    max_age = max_age
-  )
+  # Checked before a router is saved.
+  rest <- valve_args(c(flags, dots), call = call)
   if (!"r_bin" %in% names(dots) && !nzchar(Sys.getenv("VALVE_R_BIN"))) {
-    named$r_bin <- file.path(R.home("bin"), "R")
+    rest <- c(rest, "--r-bin", file.path(R.home("bin"), "R"))
   }
-  valve_args(c(named, dots), call = call)
+  target <- app_args(app, call)
+  list(args = c(target$args, rest), cleanup = target$cleanup)
 }
 
 # The environment valve runs in: this session's library paths, so workers find

@@ -8,7 +8,7 @@
 #'
 #' 1. the option `valve.binary`, e.g. `options(valve.binary = "~/bin/valve")`;
 #' 2. the environment variable `VALVE_BINARY`;
-#' 3. the copy built when this package was installed from valve's repository
+#' 3. the copy built when this package was installed, if cargo was there
 #'    (`system.file("bin", "valve", package = "valve")`);
 #' 4. `valve` on the `PATH` (`Sys.which("valve")`).
 #'
@@ -16,12 +16,27 @@
 #' executable file is an error rather than skipped, so a typo never silently
 #' runs some other valve.
 #'
-#' @return The absolute path of the binary.
+#' @return `valve_binary()`: the absolute path of the binary, or an error
+#'   of class `valve_no_binary` naming every place tried. `valve_available()`:
+#'   `TRUE` when `valve_binary()` finds one.
 #' @export
 #' @examples
 #' try(valve_binary())
+#' valve_available()
 valve_binary <- function() {
   find_binary()
+}
+
+#' @rdname valve_binary
+#' @export
+valve_available <- function() {
+  tryCatch(
+    {
+      find_binary()
+      TRUE
+    },
+    valve_no_binary = function(e) FALSE
+  )
 }
 
 # The lookup itself. `installed` and `path_name` are arguments only so tests can
@@ -50,10 +65,10 @@ find_binary <- function(installed = installed_binary(), path_name = "valve") {
       "x" = "No copy built at install time: {.file {installed}} does not exist.",
       "x" = "No {.code {path_name}} on the {.envvar PATH}.",
       "i" = paste(
-        "Install the package from valve's repository on a machine with Rust",
-        "({.code R CMD INSTALL r} builds the binary with cargo), or build it",
-        "with {.code cargo build --release} and point",
-        "{.code options(valve.binary = )} or {.envvar VALVE_BINARY} at",
+        "Install Rust's cargo and rustc ({.code apt-get install cargo rustc}",
+        "or {.url https://rustup.rs}) and reinstall this package, which then",
+        "builds the binary; or build valve with {.code cargo build --release}",
+        "and point {.code options(valve.binary = )} or {.envvar VALVE_BINARY} at",
         "{.file target/release/valve}."
       )
     ),

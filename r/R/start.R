@@ -5,53 +5,76 @@
 #' Start valve in the background
 #'
 #' Starts valve in the background and returns as soon as it serves requests,
-#' so the same R session can call the API (with curl, httr2, or a browser) and
+#' so the same R session can call the app (with curl, httr2, or a browser) and
 #' stop it with [valve_stop()]. Arguments are those of [valve_run()].
 #'
 #' `port` defaults to `0` here, which lets valve pick a free port: a
 #' background server is usually called from the same session through
 #' `$url`, and a fixed port would clash with a second `valve_start()` or with
-#' anything else already on port 3000. Pass `port = 3000` to get the
-#' reference tool's address.
-#'
-#' valve writes its log (its own events and everything the workers print, e.g.
-#' R errors raised by endpoints) to the file `$log`; read it with
-#' `readLines(handle$log)`.
+#' anything else already listening. Pass a port to get a fixed address.
 #'
 #' valve and its workers stop when [valve_stop()] is called, and at the latest
-#' when this R session ends, even if it crashes: processx supervises them. The
-#' handle need not be kept: valves this session started are remembered until
-#' stopped (see [valve_stop_all()]).
+#' when this R session ends, even if it crashes or is killed: processx
+#' supervises them. The handle need not be kept: valves this session started
+#' are remembered until stopped (see [valve_stop_all()]).
 #'
 #' @inheritParams valve_run
 #' @param port Port to listen on; `0` (the default here) picks a free one.
 #' @param timeout Seconds to wait for valve to report it is ready before
 #'   giving up and stopping it. valve itself gives up on a worker that takes
-#'   longer than its `start_timeout` (120 seconds by default) and says why.
-#' @return A `valve` object: a list with `url`, `docs` (the API's docs page),
-#'   `port`, `app` (the API's absolute path), `n_min`, `n_max`, `pid`, `log`
-#'   (valve's log file), `binary` and `process` (the [processx::process]).
-#'   Printing it shows the URL and how many workers run.
+#'   longer than its `start_timeout` and says why.
+#' @return A `valve` object, a list with:
+#'   * `url`: where the app is served, e.g. `http://127.0.0.1:41234`;
+#'   * `admin_url`: where valve's own pages (`/__valve__/status`, metrics,
+#'     the dashboard) are served: `url` unless valve has a separate admin
+#'     listener;
+#'   * `docs`: the plumber API's docs page (`NA` for a Shiny app);
+#'   * `port`, `pid` (valve's process id), `app` (the app's absolute path),
+#'     `kind` (`"plumber"` or `"shiny"`), `n_min`, `n_max`, `apps` (a data
+#'     frame with one row per app, for a config file of several);
+#'   * `status()`: valve's `/__valve__/status`, parsed (every worker's pid,
+#'     state, requests and memory; the queue; the configuration);
+#'   * `metrics(raw = FALSE)`: valve's Prometheus metrics as a data frame
+#'     (`name`, `labels`, `value`), or the text itself with `raw = TRUE`;
+#'   * `log(n = Inf)`: valve's log lines (its own and everything the workers
+#'     print, such as an endpoint's R errors), the last `n`;
+#'   * `stop()`: the same as `valve_stop(handle)`;
+#'   * `log_file`, `binary` and `process` (the [processx::process]).
+#'
+#'   Printing it shows the URL, the app and how many workers run.
 #' @seealso [valve_stop()], [valve_run()] to run in the foreground.
 #' @export
-#' @examples
-#' \dontrun{
+#' @examplesIf valve::valve_available() && requireNamespace("plumber", quietly = TRUE)
 #' api <- valve_start(system.file("examples", "plumber.R", package = "valve"))
 #' api
 #' readLines(paste0(api$url, "/echo?msg=hello"), warn = FALSE)
+#' api$status()$workers
 #' valve_stop(api)
-#' }
-valve_start <- function(filepath = "plumber.R", host = "127.0.0.1", port = 0,
-                        n_min = 1, n_max = 3, workers = 3, check_unused = 10,
-                        max_age = 300, ..., timeout = 120) {
+#'
+#' # A router built in this session, served by three R workers.
+#' router <- plumber::pr() |>
+#'   plumber::pr_get("/pid", function() Sys.getpid())
+#' api <- valve_start(router, n_min = 3, n_max = 3)
+#' readLines(paste0(api$url, "/pid"), warn = FALSE)
+#' valve_stop(api)
+valve_start <- function(app = NULL, host = NULL, port = 0, n_min = NULL,
+                        n_max = NULL, workers = NULL, check_unused = NULL,
+                        max_age = NULL, ..., timeout = 120) {
   call <- rlang::current_env()
   if (!is.numeric(timeout) || length(timeout) != 1 || is.na(timeout) || timeout <= 0) {
     cli::cli_abort("{.arg timeout} must be a positive number of seconds.", call = call)
   }
-  args <- common_args(
-    filepath, host, port, n_min, n_max, workers, check_unused, max_age,
-    list(...), call
+  dots <- list(...)
+  command <- valve_command(
+    app,
+    list(
+      host = host, port = port, n_min = n_min, n_max = n_max, workers = workers,
+      check_unused = check_unused, max_age = max_age
+    ),
+    dots, call
   )
+  ready <- FALSE
+  on.exit(if (!ready && !is.null(command$cleanup)) unlink(command$cleanup, recursive = TRUE), add = TRUE)
   binary <- find_binary()
   log_dir <- tempfile("valve-")
   dir.create(log_dir)
@@ -60,33 +83,51 @@ valve_start <- function(filepath = "plumber.R", host = "127.0.0.1", port = 0,
   # Files, not pipes: nobody reads a pipe while valve runs in the background,
   # and a full pipe would block valve (and its workers' logging) for good.
   p <- processx::process$new(
-    binary, args,
+    binary, command$args,
     stdin = NULL, stdout = out_file, stderr = log_file,
     env = child_env(NO_COLOR = "1"),
     cleanup = TRUE, cleanup_tree = TRUE, supervise = TRUE
   )
-  ready <- FALSE
   on.exit(if (!ready) p$kill_tree(), add = TRUE)
   line <- wait_ready(p, out_file, log_file, timeout, call)
-  ready <- TRUE
-
-  handle <- structure(
-    c(
-      parse_ready_line(line),
-      list(
-        pid = p$get_pid(),
-        log = log_file,
-        binary = binary,
-        graceful_timeout = graceful_timeout(list(...)),
-        process = p
-      )
-    ),
-    class = "valve"
+  handle <- new_handle(
+    parse_ready_line(line), p,
+    log_file = log_file, binary = binary, cleanup = command$cleanup,
+    graceful_timeout = dots$graceful_timeout
   )
+  ready <- TRUE
   # Keeping every started valve here means an unassigned handle is not
   # garbage-collected (and valve killed) at some random later moment.
   assign(as.character(handle$pid), handle, envir = the$running)
   handle
+}
+
+new_handle <- function(ready, p, log_file, binary, cleanup, graceful_timeout) {
+  admin_url <- ready$admin_url
+  log_lines <- function(n = Inf) {
+    lines <- cli::ansi_strip(read_lines(log_file))
+    if (is.finite(n)) utils::tail(lines, n) else lines
+  }
+  self <- NULL
+  self <- structure(
+    c(
+      ready,
+      list(
+        pid = p$get_pid(),
+        log_file = log_file,
+        binary = binary,
+        process = p,
+        run_dir = cleanup,
+        graceful_timeout = graceful_timeout,
+        status = function() valve_get_status(admin_url),
+        metrics = function(raw = FALSE) valve_get_metrics(admin_url, raw),
+        log = log_lines,
+        stop = function(timeout = NULL) valve_stop(self, timeout)
+      )
+    ),
+    class = "valve"
+  )
+  self
 }
 
 # Waits for valve's ready line on stdout; an R error with valve's own message
@@ -109,7 +150,7 @@ wait_ready <- function(p, out_file, log_file, timeout, call) {
         cli::format_inline("valve did not report it was ready within {timeout} second{?s}, so it was stopped. Its last words:"),
         error_lines(log, tail_only = TRUE),
         c(
-          "i" = cli::format_inline("Raise {.arg timeout} (and {.arg start_timeout}) if the API takes longer to load."),
+          "i" = cli::format_inline("Raise {.arg timeout} (and {.arg start_timeout}) if the app takes longer to load."),
           "i" = cli::format_inline("valve's log: {.file {log_file}}")
         ),
         class = "valve_start_error", call = call, stderr = log
@@ -176,41 +217,55 @@ read_lines <- function(path) {
 }
 
 # valve's ready line: one JSON object on stdout, e.g.
-# {"event":"ready","url":"http://127.0.0.1:3000","port":3000,"workers":1,
-#  "max_workers":3,"apps":[{"file":"/abs/plumber.R","docs":"...",...}],...}
+# {"event":"ready","version":"0.1.0","pid":7,"url":"http://127.0.0.1:3000",
+#  "host":"127.0.0.1","port":3000,"admin_url":null,"workers":1,"max_workers":3,
+#  "apps":[{"name":"api","path":"/","file":"/abs/plumber.R","kind":"plumber",
+#           "url":"...","docs":"...","n_min":1,"n_max":3}]}
+# valve's own pages are on `admin_url` when it is not null, else on `url`.
 parse_ready_line <- function(line) {
   ready <- jsonlite::fromJSON(line, simplifyVector = FALSE)
-  app <- if (length(ready$apps) > 0) ready$apps[[1]] else list()
-  null_na <- function(x, na) if (is.null(x)) na else x
+  or <- function(x, y) if (is.null(x)) y else x
+  apps <- lapply(or(ready$apps, list()), function(a) {
+    data.frame(
+      name = or(a$name, NA_character_), path = or(a$path, NA_character_),
+      file = or(a$file, NA_character_), kind = or(a$kind, NA_character_),
+      url = or(a$url, NA_character_), docs = or(a$docs, NA_character_),
+      n_min = as.integer(or(a$n_min, NA)), n_max = as.integer(or(a$n_max, NA)),
+      stringsAsFactors = FALSE
+    )
+  })
+  apps <- if (length(apps)) do.call(rbind, apps) else data.frame()
+  first <- function(col, na) if (nrow(apps) > 0) apps[[col]][[1]] else na
   list(
     url = ready$url,
-    docs = null_na(app$docs, NA_character_),
+    admin_url = or(ready$admin_url, ready$url),
+    docs = first("docs", NA_character_),
     port = as.integer(ready$port),
-    app = null_na(app$file, NA_character_),
-    n_min = as.integer(null_na(app$n_min, NA)),
-    n_max = as.integer(null_na(app$n_max, NA))
+    app = first("file", NA_character_),
+    kind = first("kind", NA_character_),
+    n_min = first("n_min", NA_integer_),
+    n_max = first("n_max", NA_integer_),
+    apps = apps,
+    version = or(ready$version, NA_character_)
   )
-}
-
-graceful_timeout <- function(dots) {
-  value <- suppressWarnings(as.numeric(dots$graceful_timeout))
-  if (length(value) == 1 && !is.na(value)) value else 30
 }
 
 #' Stop a valve started with valve_start()
 #'
 #' Asks valve to stop (SIGTERM), which lets requests in flight finish for up to
 #' its `graceful_timeout` and then stops the workers. If valve has not exited
-#' after `timeout` seconds, it and every process it started are killed.
+#' after `timeout` seconds, it and every process it started are killed. A
+#' router saved for the workers is removed.
 #'
 #' @param handle What [valve_start()] returned.
 #' @param timeout Seconds to wait for valve to exit by itself before killing
-#'   it. The default leaves valve its full `graceful_timeout` plus 5 seconds.
+#'   it. `NULL` (the default) leaves valve its full `graceful_timeout`, as
+#'   valve reports it, plus 5 seconds.
 #' @return Invisibly, valve's exit status (0 after a clean stop; `NA` if it had
 #'   to be killed).
 #' @seealso [valve_stop_all()] stops every valve this session started.
 #' @export
-valve_stop <- function(handle, timeout = handle$graceful_timeout + 5) {
+valve_stop <- function(handle, timeout = NULL) {
   if (!inherits(handle, "valve")) {
     cli::cli_abort(
       "{.arg handle} must be what {.fn valve_start} returned, not {.obj_type_friendly {handle}}."
@@ -218,7 +273,9 @@ valve_stop <- function(handle, timeout = handle$graceful_timeout + 5) {
   }
   p <- handle$process
   on.exit(rm_running(handle$pid), add = TRUE)
+  on.exit(if (!is.null(handle$run_dir)) unlink(handle$run_dir, recursive = TRUE), add = TRUE)
   if (p$is_alive()) {
+    if (is.null(timeout)) timeout <- graceful_timeout(handle) + 5
     p$signal(tools::SIGTERM)
     p$wait(max(0, timeout) * 1000)
   }
@@ -228,12 +285,26 @@ valve_stop <- function(handle, timeout = handle$graceful_timeout + 5) {
   invisible(status)
 }
 
+# valve's grace period: as given to valve_start(), else as valve reports it,
+# else valve's documented default.
+graceful_timeout <- function(handle) {
+  given <- suppressWarnings(as.numeric(handle$graceful_timeout))
+  if (length(given) == 1 && !is.na(given)) {
+    return(given)
+  }
+  reported <- tryCatch(
+    as.numeric(valve_get_status(handle$admin_url, timeout = 2)$config$graceful_timeout_s),
+    error = function(e) numeric()
+  )
+  if (length(reported) == 1 && !is.na(reported)) reported else 30
+}
+
 #' Stop every valve this session started
 #'
 #' @inheritParams valve_stop
 #' @return Invisibly, the number of valves stopped.
 #' @export
-valve_stop_all <- function(timeout = 35) {
+valve_stop_all <- function(timeout = NULL) {
   handles <- as.list(the$running)
   for (h in handles) {
     valve_stop(h, timeout = timeout)
@@ -255,17 +326,26 @@ print.valve <- function(x, ...) {
   state <- if (alive) "running" else paste("stopped, exit status", p$get_exit_status())
   running <- if (alive) worker_count(x$pid) else 0L
   cli::cat_line("<valve> ", x$url, " (", state, ", pid ", x$pid, ")")
-  cli::cat_line("  API:     ", x$app)
+  apps <- x$apps
+  if (is.data.frame(apps) && nrow(apps) > 1) {
+    for (i in seq_len(nrow(apps))) {
+      cli::cat_line("  app:     ", apps$path[[i]], " \u2192 ", apps$file[[i]], " (", apps$kind[[i]], ")")
+    }
+  } else {
+    cli::cat_line("  app:     ", x$app, if (!is.na(x$kind)) paste0(" (", x$kind, ")"))
+  }
   cli::cat_line(
     "  workers: ", if (is.na(running)) "?" else running, " running (min ",
     x$n_min, ", max ", x$n_max, ")"
   )
-  cli::cat_line("  docs:    ", x$docs)
-  cli::cat_line("  log:     ", x$log)
+  if (!is.na(x$docs)) cli::cat_line("  docs:    ", x$docs)
+  if (!identical(x$admin_url, x$url)) cli::cat_line("  admin:   ", x$admin_url, "/__valve__/")
+  cli::cat_line("  log:     ", x$log_file)
   invisible(x)
 }
 
-# valve's children are its R workers.
+# valve's R workers: its children (plain workers), and with preload the
+# children of its preload parent, counted by the status page when it answers.
 worker_count <- function(pid) {
   tryCatch(
     length(ps::ps_children(ps::ps_handle(as.integer(pid)))),

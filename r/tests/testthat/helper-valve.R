@@ -92,3 +92,46 @@ procs_serving <- function(path) {
   }
   Filter(mine, ps::ps()$ps_handle)
 }
+
+# valve features that land in the binary separately from this package (a
+# plumber router saved as .rds, --config files): a test of one runs when the
+# binary's --help mentions it, and otherwise skips as "pending in valve",
+# which r/run-tests.sh reports apart from failures.
+valve_help <- local({
+  cache <- NULL
+  function() {
+    if (is.null(cache)) {
+      cache <<- tryCatch(
+        paste(processx::run(valve_binary(), "--help", error_on_status = FALSE)$stdout, collapse = "\n"),
+        error = function(e) ""
+      )
+    }
+    cache
+  }
+})
+
+skip_unless_valve_has <- function(what, pattern) {
+  if (!grepl(pattern, valve_help())) {
+    skip(paste0("pending in valve: ", what, " (not in this binary's --help yet)"))
+  }
+}
+
+# Fetches `urls` at the same time (curl's multi interface), in order.
+fetch_all <- function(urls, timeout = 30) {
+  pool <- curl::new_pool(total_con = length(urls), host_con = length(urls))
+  out <- vector("list", length(urls))
+  for (i in seq_along(urls)) {
+    local({
+      j <- i
+      curl::curl_fetch_multi(
+        urls[[j]],
+        done = function(res) out[[j]] <<- list(status = res$status_code, body = rawToChar(res$content)),
+        fail = function(msg) out[[j]] <<- list(status = NA_integer_, body = msg),
+        pool = pool,
+        handle = curl::new_handle(timeout = timeout)
+      )
+    })
+  }
+  curl::multi_run(pool = pool)
+  out
+}

@@ -29,31 +29,51 @@ test_that("unnamed or unusable extra arguments are refused in R", {
   })
 })
 
-test_that("valve_run() and valve_start() share the flags, with this R for workers", {
+test_that("arguments left NULL are not passed: valve's defaults apply", {
   withr::local_envvar(VALVE_R_BIN = NA)
-  args <- valve:::common_args(
-    "api.R", "127.0.0.1", 3000, 1, 3, 3, 10, 300, list(graceful_timeout = 5),
+  cmd <- valve:::valve_command(
+    "api.R", list(host = NULL, port = 0, n_min = NULL, n_max = 5),
+    list(graceful_timeout = 5),
     call = NULL
   )
   expect_equal(
-    args,
+    cmd$args,
     c(
-      "--file", "api.R", "--host", "127.0.0.1", "--port", "3000",
-      "--n-min", "1", "--n-max", "3", "--workers", "3",
-      "--check-unused", "10", "--max-age", "300",
-      "--r-bin", file.path(R.home("bin"), "R"),
-      "--graceful-timeout", "5"
+      "--file", "api.R", "--port", "0", "--n-max", "5", "--graceful-timeout", "5",
+      "--r-bin", file.path(R.home("bin"), "R")
     )
   )
+  expect_null(cmd$cleanup)
+})
+
+test_that("a .toml path is a config file, anything else an app file or folder", {
+  withr::local_envvar(VALVE_R_BIN = "/opt/R")
+  expect_equal(valve:::valve_command("sites/valve.toml", list(), list(), NULL)$args, c("--config", "sites/valve.toml"))
+  expect_equal(valve:::valve_command("apps/VALVE.TOML", list(), list(), NULL)$args, c("--config", "apps/VALVE.TOML"))
+  expect_equal(valve:::valve_command("shiny-app", list(), list(), NULL)$args, c("--file", "shiny-app"))
+  expect_equal(valve:::valve_command(NULL, list(), list(), NULL)$args, character())
+  # The reference tool's name for the app.
+  expect_equal(valve:::valve_command(NULL, list(), list(filepath = "api.R"), NULL)$args, c("--file", "api.R"))
+  expect_error(valve:::valve_command("a.R", list(), list(filepath = "b.R"), NULL), "not both")
 })
 
 test_that("r_bin and VALVE_R_BIN take the place of this session's R", {
   withr::local_envvar(VALVE_R_BIN = NA)
-  args <- valve:::common_args("api.R", "h", 1, 1, 1, 1, 1, 1, list(r_bin = "/opt/R"), call = NULL)
+  args <- valve:::valve_command("api.R", list(), list(r_bin = "/opt/R"), call = NULL)$args
   expect_equal(sum(args == "--r-bin"), 1)
   expect_equal(args[[which(args == "--r-bin") + 1]], "/opt/R")
 
   withr::local_envvar(VALVE_R_BIN = "/opt/R")
-  args <- valve:::common_args("api.R", "h", 1, 1, 1, 1, 1, 1, list(), call = NULL)
+  args <- valve:::valve_command("api.R", list(), list(), call = NULL)$args
   expect_false("--r-bin" %in% args)
+})
+
+test_that("what valve cannot serve is refused in R", {
+  expect_snapshot(error = TRUE, {
+    valve:::valve_command(c("a.R", "b.R"), list(), list(), NULL)
+    valve:::valve_command(42, list(), list(), NULL)
+  })
+  skip_if_not_installed("shiny")
+  app <- shiny::shinyApp(shiny::fluidPage(), function(input, output) NULL)
+  expect_error(valve:::valve_command(app, list(), list(), NULL), "from its files")
 })

@@ -36,6 +36,7 @@ test_that("printing a handle shows its URL and worker counts", {
   expect_true(wait_for(function() valve:::worker_count(api$pid) == 2))
   out <- capture.output(print(api))
   expect_match(out[[1]], paste0("<valve> ", api$url, " (running, pid ", api$pid, ")"), fixed = TRUE)
+  expect_true(any(grepl(paste0("app:     ", normalizePath(example_api()), " (plumber)"), out, fixed = TRUE)))
   expect_true(any(grepl("workers: 2 running (min 2, max 4)", out, fixed = TRUE)))
   expect_true(any(grepl(paste0(api$url, "/__docs__/"), out, fixed = TRUE)))
   valve_stop(api)
@@ -118,13 +119,48 @@ test_that("the ready line is parsed into the handle's fields", {
     '"apps":[{"name":"api","path":"/","file":"/srv/api/plumber.R","kind":"plumber",',
     '"url":"http://127.0.0.1:43210/","docs":"http://127.0.0.1:43210/__docs__/","n_min":2,"n_max":5}]}'
   )
+  ready <- valve:::parse_ready_line(line)
   expect_equal(
-    valve:::parse_ready_line(line),
+    ready[c("url", "admin_url", "docs", "port", "app", "kind", "n_min", "n_max", "version")],
     list(
-      url = "http://127.0.0.1:43210", docs = "http://127.0.0.1:43210/__docs__/",
-      port = 43210L, app = "/srv/api/plumber.R", n_min = 2L, n_max = 5L
+      url = "http://127.0.0.1:43210", admin_url = "http://127.0.0.1:43210",
+      docs = "http://127.0.0.1:43210/__docs__/", port = 43210L,
+      app = "/srv/api/plumber.R", kind = "plumber", n_min = 2L, n_max = 5L,
+      version = "0.1.0"
     )
   )
+  expect_equal(nrow(ready$apps), 1)
+
+  # valve's own pages move to the admin listener when it has one; a config
+  # file of several apps lists each.
+  line <- paste0(
+    '{"event":"ready","url":"http://127.0.0.1:3000","port":3000,',
+    '"admin_url":"http://127.0.0.1:9000","apps":[',
+    '{"name":"sales","path":"/sales","file":"/srv/sales/plumber.R","kind":"plumber","url":"http://127.0.0.1:3000/sales/","docs":"http://127.0.0.1:3000/sales/__docs__/","n_min":1,"n_max":4},',
+    '{"name":"explorer","path":"/explorer","file":"/srv/explorer","kind":"shiny","url":"http://127.0.0.1:3000/explorer/","docs":null,"n_min":0,"n_max":2}]}'
+  )
+  ready <- valve:::parse_ready_line(line)
+  expect_equal(ready$admin_url, "http://127.0.0.1:9000")
+  expect_equal(ready$apps$name, c("sales", "explorer"))
+  expect_equal(ready$apps$kind, c("plumber", "shiny"))
+  expect_equal(ready$apps$n_max, c(4L, 2L))
+  expect_true(is.na(ready$apps$docs[[2]]))
+})
+
+test_that("Prometheus text is parsed into name, labels and value", {
+  text <- paste(
+    "# HELP valve_requests_total Requests.",
+    "# TYPE valve_requests_total counter",
+    'valve_requests_total{method="GET",status="200"} 12',
+    "valve_queue_depth 0",
+    'valve_request_duration_seconds_bucket{le="+Inf"} 12',
+    "",
+    sep = "\n"
+  )
+  m <- valve:::parse_metrics(text)
+  expect_equal(m$name, c("valve_requests_total", "valve_queue_depth", "valve_request_duration_seconds_bucket"))
+  expect_equal(m$labels, c('method="GET",status="200"', "", 'le="+Inf"'))
+  expect_equal(m$value, c(12, 0, 12))
 })
 
 test_that("the error quotes valve from its first error line on", {
@@ -144,6 +180,7 @@ test_that("the error quotes valve from its first error line on", {
 test_that("wrong arguments to valve_start() and valve_stop() are R errors", {
   expect_snapshot(error = TRUE, {
     valve_start(c("a.R", "b.R"))
+    valve_start(list())
     valve_start("a.R", timeout = -1)
     valve_stop("http://127.0.0.1:3000")
   })
