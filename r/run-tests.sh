@@ -71,9 +71,10 @@ else
   echo "valve: ******************************************************************"
 fi
 cargo_path=$(command -v cargo 2>/dev/null || echo "$HOME/.cargo/bin/cargo")
+# rustup's toolchains stay where they are (read, never written).
+rustup_home=${RUSTUP_HOME:-$HOME/.rustup}
 started=$(date +%s)
-HOME="$work/home" RUSTUP_HOME="${RUSTUP_HOME:-$HOME/.rustup}" \
-  PATH="$(dirname "$cargo_path"):$PATH" \
+HOME="$work/home" RUSTUP_HOME="$rustup_home" PATH="$(dirname "$cargo_path"):$PATH" \
   $offline "$R" CMD INSTALL --library="$lib" "$tarball" >"$work/install.log" 2>&1 || {
   cat "$work/install.log"
   fail "R CMD INSTALL failed (log above)"

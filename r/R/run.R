@@ -58,6 +58,14 @@
 #' \dontrun{
 #' # Blocks until interrupted.
 #' valve_run(system.file("examples", "plumber.R", package = "valve"), n_max = 5)
+#'
+#' # A router built in this session, served by three R workers.
+#' router <- plumber::pr() |>
+#'   plumber::pr_get("/pid", function() Sys.getpid())
+#' valve_run(router, n_min = 3, n_max = 3)
+#'
+#' # A Shiny app, from its folder.
+#' valve_run("path/to/shiny-app", n_max = 4)
 #' }
 valve_run <- function(app = NULL, host = NULL, port = NULL, n_min = NULL,
                       n_max = NULL, workers = NULL, check_unused = NULL,

@@ -49,13 +49,8 @@
 #' api
 #' readLines(paste0(api$url, "/echo?msg=hello"), warn = FALSE)
 #' api$status()$workers
-#' valve_stop(api)
-#'
-#' # A router built in this session, served by three R workers.
-#' router <- plumber::pr() |>
-#'   plumber::pr_get("/pid", function() Sys.getpid())
-#' api <- valve_start(router, n_min = 3, n_max = 3)
-#' readLines(paste0(api$url, "/pid"), warn = FALSE)
+#' api$metrics()[1:3, ]
+#' tail(api$log(), 2)
 #' valve_stop(api)
 valve_start <- function(app = NULL, host = NULL, port = 0, n_min = NULL,
                         n_max = NULL, workers = NULL, check_unused = NULL,

@@ -12,6 +12,7 @@ session_with_valve <- function(api, dir) {
       h <- valve::valve_start(api, port = 0, n_min = 2, timeout = 60)
       kids <- ps::ps_children(ps::ps_handle(h$pid))
       writeLines(as.character(c(h$pid, vapply(kids, ps::ps_pid, integer(1)))), paste0(pid_file, ".tmp"))
+      writeLines(tempdir(), paste0(pid_file, ".tempdir"))
       file.rename(paste0(pid_file, ".tmp"), pid_file)
       deadline <- Sys.time() + 60
       while (!file.exists(go_file) && Sys.time() < deadline) Sys.sleep(0.1)
@@ -25,6 +26,8 @@ session_with_valve <- function(api, dir) {
   got <- wait_for(function() file.exists(pid_file) || !session$is_alive(), timeout = 60)
   expect_true(got && file.exists(pid_file), info = paste(session$read_output_lines(), collapse = "\n"))
   pids <- as.integer(readLines(pid_file))
+  # A killed session cannot remove its own temporary directory: do it for it.
+  withr::defer(unlink(readLines(paste0(pid_file, ".tempdir")), recursive = TRUE), envir = parent.frame())
   tree <- lapply(pids, ps::ps_handle)
   withr::defer(lapply(tree, function(h) try(ps::ps_kill(h), silent = TRUE)), envir = parent.frame())
   list(session = session, tree = tree, go = go_file)
