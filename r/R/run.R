@@ -84,6 +84,11 @@ valve_run <- function(app = NULL, host = NULL, port = NULL, n_min = NULL,
     on.exit(unlink(command$cleanup, recursive = TRUE), add = TRUE)
   }
   binary <- find_binary()
+  # valve's run directory and its workers' temporary directories go in here,
+  # removed once valve has stopped, however it stopped.
+  tmp <- tempfile("valve-")
+  dir.create(tmp)
+  on.exit(unlink(tmp, recursive = TRUE), add = TRUE)
   colour <- if (cli::num_ansi_colors() > 1) character() else c(NO_COLOR = "1")
   # Pipes echoed from R rather than inherited descriptors, so the output shows
   # in any console (RStudio's too), and an interrupt reaches R, which then
@@ -91,7 +96,7 @@ valve_run <- function(app = NULL, host = NULL, port = NULL, n_min = NULL,
   p <- processx::process$new(
     binary, command$args,
     stdin = NULL, stdout = "|", stderr = "|",
-    env = do.call(child_env, as.list(colour)),
+    env = do.call(child_env, c(as.list(colour), TMPDIR = tmp)),
     cleanup = TRUE, cleanup_tree = TRUE, supervise = TRUE
   )
   err_tail <- character()

@@ -52,6 +52,10 @@
 #' api$metrics()[1:3, ]
 #' tail(api$log(), 2)
 #' valve_stop(api)
+#' \dontshow{
+#' # processx's supervisor (which stops valve if R dies) keeps two pipes open.
+#' processx:::supervisor_kill()
+#' }
 valve_start <- function(app = NULL, host = NULL, port = 0, n_min = NULL,
                         n_max = NULL, workers = NULL, check_unused = NULL,
                         max_age = NULL, ..., timeout = 120) {
@@ -77,13 +81,16 @@ valve_start <- function(app = NULL, host = NULL, port = 0, n_min = NULL,
   log_file <- file.path(log_dir, "valve.log")
   # Files, not pipes: nobody reads a pipe while valve runs in the background,
   # and a full pipe would block valve (and its workers' logging) for good.
+  # valve's run directory (and its workers' R temporary directories) go
+  # inside this one too: removed with the session's, even when valve had to
+  # be killed and could not remove its own.
   p <- processx::process$new(
     binary, command$args,
     stdin = NULL, stdout = out_file, stderr = log_file,
-    env = child_env(NO_COLOR = "1"),
+    env = child_env(NO_COLOR = "1", TMPDIR = log_dir),
     cleanup = TRUE, cleanup_tree = TRUE, supervise = TRUE
   )
-  on.exit(if (!ready) p$kill_tree(), add = TRUE)
+  on.exit(if (!ready) kill_valve(p, log_dir), add = TRUE)
   line <- wait_ready(p, out_file, log_file, timeout, call)
   handle <- new_handle(
     parse_ready_line(line), p,
@@ -139,7 +146,7 @@ wait_ready <- function(p, out_file, log_file, timeout, call) {
       start_failed(status, read_lines(log_file), log_file, call)
     }
     if (Sys.time() > deadline) {
-      p$kill_tree()
+      kill_valve(p, dirname(log_file))
       log <- read_lines(log_file)
       abort_with_output(
         cli::format_inline("valve did not report it was ready within {timeout} second{?s}, so it was stopped. Its last words:"),
@@ -276,8 +283,18 @@ valve_stop <- function(handle, timeout = NULL) {
   }
   status <- if (p$is_alive()) NA_integer_ else p$get_exit_status()
   # Kills valve if it is still up, and any worker that outlived it.
-  p$kill_tree()
+  kill_valve(p, dirname(handle$log_file))
   invisible(status)
+}
+
+# Kills valve and everything it started, then removes what a killed valve
+# and its workers could not: their temporary directories (valve's log files
+# stay, for $log()).
+kill_valve <- function(p, dir) {
+  p$kill_tree()
+  left <- setdiff(list.files(dir, all.files = TRUE, no.. = TRUE), c("valve.log", "stdout.log"))
+  unlink(file.path(dir, left), recursive = TRUE)
+  invisible()
 }
 
 # valve's grace period: as given to valve_start(), else as valve reports it,
