@@ -1,0 +1,443 @@
+# valve's frame loop: the R side of valve's own worker protocol (issue 14).
+#
+# A plumber worker no longer runs an HTTP server. valve parses HTTP itself and
+# hands the worker one request at a time as a frame on one loopback TCP
+# connection that the *worker* opens to valve (the worker listens on nothing).
+# For each request frame this loop builds the Rook environment httpuv 1.6.9
+# would have built, calls the app as httpuv's AppWrapper does (onHeaders, then
+# call, waiting on `later` if the answer is a promise), and writes the answer
+# back as one frame in one write. PROTOCOL.md, next to this file, is the
+# byte-level specification; the comments here say why, not what bytes.
+#
+# For the launcher:
+#
+#   source("loop.R")     # defines the valve_* functions, runs nothing
+#   valve_serve_frames(app, port, token, worker_id)    # warms up, connects, serves
+#
+# With --preload: valve_warm_up(app) once in the parent, then in each fork
+#   valve_serve_frames(app, port, token, worker_id, warm_up = FALSE)
+#
+# valve_serve_frames() returns when valve closes the connection (EOF); the
+# launcher then quits. It uses base R, `later` (a plumber dependency), `promises`
+# only when an endpoint returns a promise, and httpuv's own Rook stream classes,
+# so `rook.input` and `rook.errors` are the very objects httpuv would have given
+# the API.
+#
+# Request-head encodings: the protocol has one, "text". The others ("lp",
+# "rds", "rdsenv") are kept only so bench/r-loop/measure can compare them on
+# the same loop; the launcher never selects them.
+
+# ---------------------------------------------------------------------------
+# Constants
+
+.valve_frame <- local({
+  type <- function(ch) as.integer(charToRaw(ch))
+  list(
+    # valve -> worker
+    REQUEST = type("Q"), PING = type("P"),
+    # worker -> valve
+    HELLO = type("H"), ANSWER = type("A"), PONG = type("O"),
+    # flags of a REQUEST frame
+    REQ_BODY_FILE = 1L,
+    # flags of an ANSWER frame
+    ANS_BODY_FILE = 1L, ANS_FILE_OWNED = 2L, ANS_NO_BODY = 4L, ANS_LOOP_ERROR = 8L,
+    PROTOCOL = "valve-frames/1",
+    # socketConnection's timeout bounds every blocking read and write. Writing a
+    # large answer may wait on a slow client behind valve, so it is long (30
+    # days, the most POSIX promises); valve's --request-timeout ends hung workers.
+    SOCKET_TIMEOUT = 30 * 24 * 3600,
+    # Longest sleep between two looks at `later`'s queue while idle: callbacks
+    # that other threads schedule run at most this late.
+    IDLE_TICK = 0.1
+  )
+})
+
+# The first int of an ANSWER frame's header: type 'A', flags, two zero bytes.
+.valve_answer_word <- function(flags) .valve_frame$ANSWER * 16777216L + flags * 65536L
+
+# ---------------------------------------------------------------------------
+# Request: frame -> Rook environment
+
+# The fixed fields every head starts with, in this order (PROTOCOL.md).
+.valve_fixed_keys <- c("REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "SERVER_NAME", "SERVER_PORT",
+                       "REMOTE_ADDR", "REMOTE_PORT", "rook.url_scheme", "SCRIPT_NAME", "rook.version")
+
+# Builds the environment: `fixed` the 8 fixed fields, `keys` the HTTP_* names,
+# `hn` the lower-case header names, `hv` their values (repeats already joined
+# and sorted by valve, exactly as httpuv's header map has them).
+.valve_env <- function(fixed, keys, hn, hv) {
+  vals <- c(fixed, "", "1.1-0", hv)
+  names(vals) <- c(.valve_fixed_keys, keys)
+  req <- list2env(as.list(vals), envir = new.env(parent = emptyenv()))
+  names(hv) <- hn
+  req$HEADERS <- hv
+  req
+}
+
+# "text" (the protocol): every field followed by "\n": the number of headers
+# n, the 8 fixed fields, then n HTTP_* keys, n lower-case names, n values.
+# One rawToChar(), one strsplit(), contiguous slices.
+.valve_decode_text <- function(head) {
+  f <- strsplit(rawToChar(head), "\n", fixed = TRUE)[[1L]]
+  n <- as.integer(f[1L])
+  if (is.na(n) || length(f) != 9L + 3L * n) stop("malformed request head")
+  if (n == 0L) return(.valve_env(f[2:9], character(0), character(0), character(0)))
+  i <- 10L:(9L + n)
+  .valve_env(f[2:9], f[i], f[i + n], f[i + 2L * n])
+}
+
+# "lp": the same fields, length-prefixed: u32 count, count x u32 lengths, bytes.
+.valve_decode_lp <- function(head) {
+  n <- readBin(head, "integer", 1L, endian = "big")
+  lens <- readBin(head[5:(4L + 4L * n)], "integer", n, endian = "big")
+  ends <- 4L + 4L * n + cumsum(lens)
+  starts <- ends - lens + 1L
+  f <- vapply(seq_len(n), function(i) if (lens[i]) rawToChar(head[starts[i]:ends[i]]) else "", "")
+  h <- as.integer(f[1L])
+  if (h == 0L) return(.valve_env(f[2:9], character(0), character(0), character(0)))
+  i <- 10L:(9L + h)
+  .valve_env(f[2:9], f[i], f[i + h], f[i + 2L * h])
+}
+
+# "rds": R serialization (XDR, version 2) of a named list of every string
+# variable plus HEADERS.
+.valve_decode_rds <- function(head) list2env(unserialize(head), envir = new.env(parent = emptyenv()))
+
+# "rdsenv": R serialization of the environment itself (enclosure: the empty env).
+.valve_decode_rdsenv <- function(head) unserialize(head)
+
+.valve_decoders <- list(text = .valve_decode_text, lp = .valve_decode_lp,
+                        rds = .valve_decode_rds, rdsenv = .valve_decode_rdsenv)
+
+# ---------------------------------------------------------------------------
+# Answer: the app's list -> one ANSWER frame (raw)
+
+# Follows httpuv 1.6.9: rookCall's prepare_response() (header values pasted;
+# the c(file = ) / list(file = , owned = ) body forms) and listToResponse()
+# (character body -> charToRaw() of its first element, raw body as is, other
+# atomic bodies coerced to raw, NULL body -> no body at all).
+.valve_encode_answer <- function(resp, flags = 0L) {
+  if (is.null(resp) || length(resp) == 0L) resp <- .valve_generic_error()
+  status <- as.integer(resp$status)
+  if (length(status) != 1L || is.na(status)) stop("the answer's status is not one integer")
+  h <- resp$headers
+  n <- length(h)
+  if (n) {
+    hn <- names(h)
+    if (is.null(hn) || anyNA(hn)) stop("the answer's headers are not named")
+    hv <- unlist(h, use.names = FALSE)
+    if (!is.character(hv) || length(hv) != n) {
+      hv <- vapply(h, function(v) {
+        v <- paste(v)
+        if (length(v) != 1L) stop("a header value is not one string")
+        v
+      }, "", USE.NAMES = FALSE)
+    }
+    strs <- c(rbind(hn, hv))
+    lens <- nchar(strs, type = "bytes")
+    blob <- charToRaw(paste(strs, collapse = ""))
+    # paste() re-encodes when strings carry different declared encodings;
+    # httpuv sends each string's bytes as stored, so fall back to that.
+    if (length(blob) != sum(lens)) blob <- unlist(lapply(strs, charToRaw), use.names = FALSE)
+  } else {
+    lens <- integer(0)
+    blob <- raw(0)
+  }
+  body <- resp$body
+  if (!is.null(nb <- names(body)) && "file" %in% nb) {
+    owned <- "owned" %in% nb && isTRUE(as.logical(body[["owned"]]))
+    path <- normalizePath(as.character(body[["file"]])[1L], mustWork = FALSE)
+    if (!file.exists(path)) stop("the answer names a file that does not exist: ", path)
+    flags <- bitwOr(flags, bitwOr(.valve_frame$ANS_BODY_FILE, if (owned) .valve_frame$ANS_FILE_OWNED else 0L))
+    body <- charToRaw(enc2utf8(path))
+  } else if (is.raw(body)) {
+    # as is
+  } else if (is.character(body)) {
+    body <- charToRaw(body)
+  } else if (is.null(body)) {
+    flags <- bitwOr(flags, .valve_frame$ANS_NO_BODY)
+    body <- raw(0)
+  } else {
+    body <- as.raw(body)
+  }
+  bl <- length(body)
+  # The frame header, the status, the count and the lengths: one writeBin().
+  hi <- 0L
+  if (bl >= 2147483648) {  # 2 GiB and more: u64 body length (never in practice)
+    hi <- as.integer(bl %/% 4294967296)
+    lo <- bl - hi * 4294967296
+    bl <- as.integer(if (lo >= 2147483648) lo - 4294967296 else lo)
+  }
+  c(writeBin(c(.valve_answer_word(flags), 8L + 8L * n + length(blob), hi, bl, status, n, lens), raw(),
+             endian = "big"),
+    blob, body)
+}
+
+# httpuv's answer to an R error in the app (rookCall's on_error()).
+.valve_app_error <- function(e) {
+  list(status = 500L, headers = list(`Content-Type` = "text/plain; charset=UTF-8"),
+       body = charToRaw(enc2utf8(paste("ERROR:", conditionMessage(e), collapse = "\n"))))
+}
+
+# httpuv's answer when the app's list cannot be turned into a response (C++ errorResponse()).
+.valve_generic_error <- function() {
+  list(status = 500L, headers = list(`Content-Type` = "text/plain; charset=UTF-8"),
+       body = "An exception occurred.")
+}
+
+# The answer of last resort, prepared once: what is sent if even building an
+# error answer fails.
+.valve_last_resort <- .valve_encode_answer(.valve_generic_error(), .valve_frame$ANS_LOOP_ERROR)
+
+# ---------------------------------------------------------------------------
+# One request
+
+# Waits for a promise, running `later` (so promises, futures and timers) until
+# it settles. Still one request at a time: nothing is read from valve meanwhile.
+.valve_await <- function(p) {
+  done <- FALSE
+  value <- NULL
+  promises::then(p,
+    onFulfilled = function(v) { value <<- v; done <<- TRUE },
+    onRejected = function(e) {
+      if (!inherits(e, "condition")) e <- simpleError(paste(format(e), collapse = "\n"))
+      value <<- .valve_app_error(e)
+      done <<- TRUE
+    })
+  while (!done) later::run_now(timeoutSecs = 1)
+  value
+}
+
+# Stage at which .valve_handle() failed -> the answer frame.
+#   1 building the request: the loop's fault (500 "ERROR: ...", flagged)
+#   2 in the app (onHeaders, call, a rejected promise): httpuv's 500 "ERROR: ..."
+#   3 turning the app's list into a frame: httpuv's 500 "An exception occurred."
+.valve_failed <- function(e, stage) {
+  tryCatch({
+    if (stage == 2L) return(.valve_encode_answer(.valve_app_error(e)))
+    message("valve: ", if (stage == 1L) "could not build the request: " else "could not send the app's answer: ",
+            conditionMessage(e))
+    if (stage == 1L) .valve_encode_answer(.valve_app_error(e), .valve_frame$ANS_LOOP_ERROR)
+    else .valve_encode_answer(.valve_generic_error(), .valve_frame$ANS_LOOP_ERROR)
+  }, error = function(e2) .valve_last_resort)
+}
+
+# Runs one request frame through the app; returns the ANSWER frame (raw).
+# Never throws. One tryCatch() per request: `stage` tells the handler where
+# the error came from.
+.valve_handle <- function(app, ctx, head, body, body_is_file) {
+  input <- NULL
+  stage <- 1L
+  answer <- tryCatch({
+    req <- ctx$decode(head)
+    if (body_is_file) {
+      path <- rawToChar(body)
+      input <- file(path, open = "rb")
+      req$rook.input <- ctx$InputStream$new(input, file.size(path))
+    } else if (length(body)) {
+      input <- rawConnection(body, open = "rb")
+      req$rook.input <- ctx$InputStream$new(input, length(body))
+    } else {
+      req$rook.input <- ctx$null_input
+    }
+    # What httpuv's rookCall() adds before calling the app.
+    req$rook.errors <- ctx$errors
+    req$httpuv.version <- ctx$version
+    if (!is.null(v <- req$HTTP_CONTENT_TYPE)) req$CONTENT_TYPE <- v
+    if (!is.null(v <- req$HTTP_CONTENT_LENGTH)) req$CONTENT_LENGTH <- v
+    stage <- 2L
+    # httpuv's AppWrapper: onHeaders first (plumber answers 413 there), then call.
+    resp <- if (ctx$has_on_headers) app$onHeaders(req)
+    if (is.null(resp) || length(resp) == 0L) {
+      resp <- app$call(req)
+      if (inherits(resp, "promise")) resp <- .valve_await(resp)
+    }
+    stage <- 3L
+    .valve_encode_answer(resp)
+  }, error = function(e) .valve_failed(e, stage))
+  if (!is.null(input)) tryCatch(close(input), error = function(e) NULL)  # the app may have closed it
+  answer
+}
+
+# What the loop hands every request, found once.
+.valve_context <- function(app, encoding = "text") {
+  decode <- .valve_decoders[[encoding]]
+  if (is.null(decode)) stop("unknown request-head encoding: ", encoding)
+  ns <- asNamespace("httpuv")
+  list(decode = decode, InputStream = get("InputStream", ns), null_input = get("nullInputStream", ns),
+       errors = get("stdErrStream", ns), version = utils::packageVersion("httpuv"),
+       has_on_headers = isTRUE(tryCatch(is.function(app$onHeaders), error = function(e) FALSE)))
+}
+
+# ---------------------------------------------------------------------------
+# `later` between requests
+
+# later's own run_now() and next_op_secs() look the current loop up on every
+# call (a few microseconds each, twice a request). Between requests the
+# current loop is always the global one, so call later's internals with its
+# id, falling back to the exported functions if a later release renames them.
+.valve_later <- function() {
+  ns <- asNamespace("later")
+  nxt <- get0("nextOpSecs", ns, mode = "function", inherits = FALSE)
+  run <- get0("execCallbacks", ns, mode = "function", inherits = FALSE)
+  id <- tryCatch(later::global_loop()$id, error = function(e) NULL)
+  ok <- !is.null(nxt) && !is.null(run) && is.numeric(id) &&
+    isTRUE(tryCatch(is.numeric(nxt(id)), error = function(e) FALSE))
+  if (!ok) return(list(next_op = function() later::next_op_secs(later::global_loop()),
+                       run = function() later::run_now(0, loop = later::global_loop())))
+  list(next_op = function() nxt(id), run = function() run(0, TRUE, id))
+}
+
+# Blocks until valve has sent something (or closed the connection), running
+# `later`'s callbacks on time meanwhile, as httpuv::service() does between
+# requests. An error in a callback is reported and does not end the worker.
+.valve_wait_readable <- function(con, lt) {
+  tick <- .valve_frame$IDLE_TICK
+  repeat {
+    w <- lt$next_op()
+    if (w <= 0) {
+      tryCatch(lt$run(), error = function(e) message("valve: error in a later() callback: ", conditionMessage(e)))
+      next
+    }
+    if (socketSelect(list(con), FALSE, if (w < tick) w else tick)) return(invisible())
+  }
+}
+
+# ---------------------------------------------------------------------------
+# The connection
+
+# Two big-endian int32 halves -> the u64 they hold (exact below 2^53).
+.valve_u64 <- function(hi, lo) {
+  (hi + (hi < 0L) * 4294967296) * 4294967296 + lo + (lo < 0L) * 4294967296
+}
+
+# Reads exactly n bytes; a short read means valve went away mid-frame.
+.valve_read <- function(con, n) {
+  if (n < 0L) n <- n + 4294967296  # a u32 length past 2^31 arrives negative
+  if (n == 0) return(raw(0))
+  x <- readBin(con, raw(), n)
+  if (length(x) != n) stop("connection to valve closed mid-frame")
+  x
+}
+
+# The worker connects to valve (it never listens): blocking, binary, and
+# TCP_NODELAY so that an answer's segments never wait for valve's ACK.
+.valve_connect <- function(host, port) {
+  socketConnection(host = host, port = port, server = FALSE, blocking = TRUE, open = "r+b",
+                   timeout = .valve_frame$SOCKET_TIMEOUT, options = "no-delay")
+}
+
+.valve_hello <- function(con, token, worker_id) {
+  fields <- c(.valve_frame$PROTOCOL, as.character(worker_id), as.character(Sys.getpid()), token)
+  if (any(grepl("\n", fields, fixed = TRUE))) stop("worker id and token must not hold a newline")
+  head <- charToRaw(paste0(fields, "\n", collapse = ""))
+  writeBin(c(as.raw(c(.valve_frame$HELLO, 0L, 0L, 0L)), writeBin(c(length(head), 0L, 0L), raw(), endian = "big"),
+             head), con)
+}
+
+# ---------------------------------------------------------------------------
+# Warm-up
+
+#' Runs synthetic requests through the whole path (decode, app, encode; the
+#' answers are thrown away) so that R has loaded and compiled what a real
+#' request touches before the worker says hello (ready). Without it a fresh
+#' worker's first two requests take ~100 ms more than the rest.
+#'
+#' 1. If plumber is loaded: a scratch router (no user code) with a GET endpoint
+#'    taking a query argument and a POST endpoint taking a JSON body, so
+#'    plumber's endpoint machinery, query and body parsers, JSON serializer and
+#'    httpuv's InputStream are loaded and compiled.
+#' 2. The app itself, on a path no API defines: plumber answers 404 through the
+#'    app's own router, filters, hooks and error handler (so a filter that logs
+#'    every request logs these; their path is /__valve__/warm-up). The API's
+#'    endpoints themselves never run.
+#'
+#' Call it once before forking (--preload) so every fork starts warm.
+#' Returns the seconds it took.
+valve_warm_up <- function(app, rounds = 3L) {
+  t0 <- proc.time()[["elapsed"]]
+  head <- function(method, path, query, extra = character(0)) {
+    h <- c("host", "user-agent", extra)
+    v <- c("127.0.0.1", "valve-warm-up", if (length(extra)) c("application/json", "13"))
+    charToRaw(paste0(c(length(h), method, path, query, "127.0.0.1", "0", "127.0.0.1", "0", "http",
+                       paste0("HTTP_", chartr("abcdefghijklmnopqrstuvwxyz-", "ABCDEFGHIJKLMNOPQRSTUVWXYZ_", h)),
+                       h, v), "\n", collapse = ""))
+  }
+  get <- head("GET", "/__valve__/warm-up", "?msg=warm-up")
+  post <- head("POST", "/__valve__/warm-up", "", c("content-type", "content-length"))
+  body <- charToRaw('{"a":1,"b":2}')
+  if ("plumber" %in% loadedNamespaces()) {
+    scratch <- tryCatch({
+      pr <- plumber::pr()
+      pr$handle("GET", "/__valve__/warm-up", function(msg = "") list(msg = msg))
+      pr$handle("POST", "/__valve__/warm-up", function(a, b) as.numeric(a) + as.numeric(b))
+      pr
+    }, error = function(e) NULL)
+    if (!is.null(scratch)) {
+      ctx <- .valve_context(scratch)
+      for (i in seq_len(rounds)) {
+        .valve_handle(scratch, ctx, get, raw(0), FALSE)
+        .valve_handle(scratch, ctx, post, body, FALSE)
+      }
+    }
+  }
+  ctx <- .valve_context(app)
+  for (i in seq_len(rounds)) .valve_handle(app, ctx, get, raw(0), FALSE)
+  # The answer paths the requests above do not take.
+  .valve_encode_answer(list(status = 200L, headers = list(a = "b", c = 1), body = raw(1)))
+  .valve_encode_answer(list(status = 204L, headers = NULL, body = NULL))
+  .valve_failed(simpleError("warm-up"), 2L)
+  lt <- .valve_later()
+  lt$next_op()
+  lt$run()
+  # The loop's I/O helpers cannot run before valve is connected; without this
+  # R's JIT compiles them on the first frame (15-30 ms).
+  env <- environment(valve_warm_up)
+  for (f in c(".valve_wait_readable", ".valve_read", ".valve_u64", ".valve_hello", ".valve_connect")) {
+    assign(f, compiler::cmpfun(get(f, envir = env)), envir = env)
+  }
+  proc.time()[["elapsed"]] - t0
+}
+
+# ---------------------------------------------------------------------------
+# The loop
+
+#' Serves `app` (a plumber router, or anything with httpuv's `call(req)`) on
+#' frames from valve until valve closes the connection.
+#'
+#' @param app the router (what plumber's run() hands httpuv::runServer()).
+#' @param port,host valve's loopback listener.
+#' @param token the secret valve put in the worker's environment.
+#' @param worker_id valve's id for this worker.
+#' @param warm_up run valve_warm_up() first (FALSE in a fork of a warmed parent).
+#' @param encoding request-head encoding: "text" (the protocol); others for bench only.
+valve_serve_frames <- function(app, port, token, worker_id, host = "127.0.0.1", warm_up = TRUE,
+                               encoding = "text") {
+  F <- .valve_frame
+  ctx <- .valve_context(app, encoding)
+  if (isTRUE(warm_up)) valve_warm_up(app)
+  lt <- .valve_later()
+  con <- .valve_connect(host, port)
+  on.exit(close(con))
+  .valve_hello(con, token, worker_id)
+  repeat {
+    .valve_wait_readable(con, lt)
+    hdr <- readBin(con, raw(), 16L)
+    if (length(hdr) == 0L) break  # EOF: valve closed the connection; the worker ends
+    if (length(hdr) != 16L) stop("connection to valve closed mid-frame")
+    ints <- readBin(hdr, "integer", 4L, endian = "big")
+    head <- .valve_read(con, ints[2L])
+    body <- .valve_read(con, if (ints[3L] == 0L) ints[4L] else .valve_u64(ints[3L], ints[4L]))
+    type <- as.integer(hdr[1L])
+    if (type == F$REQUEST) {
+      # One write: the whole answer frame leaves at once.
+      writeBin(.valve_handle(app, ctx, head, body, bitwAnd(as.integer(hdr[2L]), F$REQ_BODY_FILE) != 0L), con)
+    } else if (type == F$PING) {
+      writeBin(c(as.raw(c(F$PONG, 0L, 0L, 0L)), writeBin(c(length(head) + 4L, 0L, 0L), raw(), endian = "big"),
+                 head, writeBin(Sys.getpid(), raw(), endian = "big")), con)
+    } else {
+      stop("unknown frame type ", type, " from valve")
+    }
+  }
+  invisible(TRUE)
+}
