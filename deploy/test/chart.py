@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+"""Validates the Helm chart and the plain manifests, strictly and offline.
+
+- `helm lint --strict` on the defaults and on every values set below (the chart's
+  values.schema.json rejects unknown keys);
+- `helm template ... | kubernetes-validate --strict` for each set, against the
+  oldest and newest Kubernetes versions checked here (misspelled fields fail);
+  custom resources (KEDA's ScaledObject) have no bundled schema: skipped, with a note;
+- what the manifests must say: probes on valve's paths on the main port, the
+  drain flags, a grace period covering them, --config only with a config, ...;
+- a misspelled value and a misspelled field are rejected (the checks bite);
+- deploy/kubernetes/ is what the chart renders now, and validates too.
+
+Run with a Python that has PyYAML (kubernetes-validate's venv has it):
+    chart.py HELM KUBERNETES_VALIDATE
+Prints `chart: ok (...)` or `chart: FAILED: ...` lines; exits 0 or 1.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEPLOY = os.path.dirname(HERE)
+CHART = os.path.join(DEPLOY, "helm", "valve")
+KUBE_VERSIONS = ["1.27.0", "1.37.0"]
+CUSTOM_API_GROUPS = ("keda.sh/",)
+
+HELM, VALIDATE = sys.argv[1], sys.argv[2]
+failures = []
+notes = []
+
+
+def fail(msg):
+    failures.append(msg)
+    print(f"chart: FAILED: {msg}")
+
+
+def run(cmd, stdin=None):
+    return subprocess.run(cmd, input=stdin, capture_output=True, text=True)
+
+
+CONFIG_TOML = """max_workers = 8
+
+[[app]]
+name = "sales"
+path = "/sales"
+file = "/app/sales/plumber.R"
+n_max = 4
+
+[[app]]
+name = "explorer"
+path = "/explorer"
+file = "/app/explorer"
+n_min = 0
+"""
+
+EXTRAS = """
+serviceAccount: {create: true}
+extraEnv: [{name: VALVE_MAX_REQUESTS, value: "1000"}]
+podAnnotations: {example.com/team: data}
+podLabels: {team: data}
+nodeSelector: {kubernetes.io/os: linux}
+tolerations: [{key: dedicated, operator: Equal, value: r, effect: NoSchedule}]
+topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: kubernetes.io/hostname
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector: {matchLabels: {app.kubernetes.io/name: valve}}
+podDisruptionBudget: {enabled: false}
+service: {type: LoadBalancer, annotations: {example.com/lb: internal}}
+terminationGracePeriodSeconds: 120
+valve: {file: /app/api, extraArgs: ["--max-requests", "1000"], logFormat: text}
+"""
+
+# name -> helm arguments
+SETS = {
+    "defaults": [],
+    "shiny+ingress": ["--set", "shiny=true", "--set", "ingress.enabled=true", "--set", "ingress.className=nginx",
+                      "--set", "ingress.tls[0].secretName=valve-tls",
+                      "--set", "ingress.tls[0].hosts[0]=valve.example.com"],
+    "hpa": ["--set", "autoscaling.hpa.enabled=true", "--set", "autoscaling.app=sales"],
+    "keda": ["--set", "keda.enabled=true"],
+    "config": ["--set-file", "config=CONFIG"],
+    "extras": ["-f", "EXTRAS"],
+}
+
+
+def docs_of(text):
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def find(docs, kind):
+    found = [d for d in docs if d.get("kind") == kind]
+    return found[0] if found else None
+
+
+def validate(docs, what):
+    """kubernetes-validate --strict on the built-in kinds of `docs`."""
+    builtin = [d for d in docs if not d["apiVersion"].startswith(CUSTOM_API_GROUPS)]
+    for d in docs:
+        if d not in builtin:
+            notes.append(f"{what}: {d['kind']} ({d['apiVersion']}) skipped, a custom resource with no bundled schema")
+    text = yaml.safe_dump_all(builtin)
+    for version in KUBE_VERSIONS:
+        r = run([VALIDATE, "--strict", "--quiet", "-k", version, "-"], text)
+        if r.returncode != 0:
+            fail(f"{what}: kubernetes-validate --strict -k {version}:\n{r.stdout}{r.stderr}")
+    return len(builtin)
+
+
+def container(docs):
+    return find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+def check_defaults(docs):
+    dep = find(docs, "Deployment")
+    c = container(docs)
+    pod = dep["spec"]["template"]["spec"]
+    probes = {k: (c[k]["httpGet"]["path"], c[k]["httpGet"]["port"])
+              for k in ("startupProbe", "readinessProbe", "livenessProbe")}
+    want = {"startupProbe": ("/__valve__/readyz", "http"), "readinessProbe": ("/__valve__/readyz", "http"),
+            "livenessProbe": ("/__valve__/healthz", "http")}
+    if probes != want:
+        fail(f"probes {probes}, want {want}")
+    args = c["args"]
+    for a in ("--drain-delay=10", "--graceful-timeout=30", "--admin-addr=0.0.0.0:9090"):
+        if a not in args:
+            fail(f"the container's args lack {a}: {args}")
+    if any(a.startswith("--config") for a in args):
+        fail("--config without a config")
+    if pod["terminationGracePeriodSeconds"] < 10 + 30 + 3:
+        fail(f"terminationGracePeriodSeconds {pod['terminationGracePeriodSeconds']} < drain delay + graceful timeout + 3")
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    if ports != {"http": 3000, "admin": 9090}:
+        fail(f"container ports {ports}")
+    ann = dep["spec"]["template"]["metadata"]["annotations"]
+    if ann.get("prometheus.io/port") != "9090" or ann.get("prometheus.io/path") != "/__valve__/metrics":
+        fail(f"scrape annotations {ann}")
+    if not pod["securityContext"].get("runAsNonRoot") or not c["securityContext"].get("readOnlyRootFilesystem"):
+        fail("the pod must run as non-root with a read-only root filesystem")
+    if not any(m["mountPath"] == "/tmp" for m in c["volumeMounts"]):
+        fail("no writable /tmp for valve's run directory")
+    svc = find(docs, "Service")
+    if svc["spec"]["ports"][0]["targetPort"] != "http" or svc["spec"]["sessionAffinity"] != "None":
+        fail(f"service {svc['spec']}")
+    if not find(docs, "PodDisruptionBudget"):
+        fail("no PodDisruptionBudget")
+    if find(docs, "HorizontalPodAutoscaler") or find(docs, "Ingress") or find(docs, "ConfigMap"):
+        fail("optional objects rendered by default")
+    if dep["spec"].get("replicas") != 2:
+        fail("replicas should be set without autoscaling")
+
+
+def check_set(name, docs):
+    if name == "defaults":
+        check_defaults(docs)
+    elif name == "shiny+ingress":
+        ann = find(docs, "Ingress")["metadata"]["annotations"]
+        if ann.get("nginx.ingress.kubernetes.io/affinity") != "cookie":
+            fail(f"Shiny ingress without cookie affinity: {ann}")
+        if ann.get("nginx.ingress.kubernetes.io/session-cookie-name") in (None, "valve_worker"):
+            fail("the balancer's affinity cookie must be its own, not valve_worker")
+        if find(docs, "Service")["spec"]["sessionAffinity"] != "ClientIP":
+            fail("a Shiny app's Service should keep ClientIP affinity")
+    elif name == "hpa":
+        hpa = find(docs, "HorizontalPodAutoscaler")
+        m = hpa["spec"]["metrics"][0]["pods"]
+        if (hpa["apiVersion"] != "autoscaling/v2" or m["metric"]["name"] != "valve_saturation"
+                or m["target"] != {"type": "AverageValue", "averageValue": "0.7"}
+                or m["metric"]["selector"]["matchLabels"] != {"app": "sales"}):
+            fail(f"HPA {hpa['spec']}")
+        if "replicas" in find(docs, "Deployment")["spec"]:
+            fail("with an HPA the Deployment must not set replicas")
+    elif name == "keda":
+        so = find(docs, "ScaledObject")
+        t = so["spec"]["triggers"][0]
+        if t["type"] != "prometheus" or "valve_saturation" not in t["metadata"]["query"] or t["metadata"]["threshold"] != "0.7":
+            fail(f"ScaledObject trigger {t}")
+        if find(docs, "HorizontalPodAutoscaler"):
+            fail("KEDA makes its own HPA: the chart must not render one too")
+    elif name == "config":
+        cm = find(docs, "ConfigMap")
+        if not cm or cm["data"].get("valve.toml") != CONFIG_TOML:
+            fail(f"ConfigMap {cm}")
+        c = container(docs)
+        if "--config=/etc/valve/valve.toml" not in c["args"]:
+            fail(f"--config missing: {c['args']}")
+        if not any(m["mountPath"] == "/etc/valve" for m in c["volumeMounts"]):
+            fail("the config is not mounted at /etc/valve")
+        if "checksum/config" not in find(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]:
+            fail("a config change must roll the pods (checksum annotation)")
+    elif name == "extras":
+        if find(docs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] != 120:
+            fail("terminationGracePeriodSeconds override ignored")
+        if not find(docs, "ServiceAccount"):
+            fail("serviceAccount.create ignored")
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="valve-chart-")
+    with open(os.path.join(tmp, "config.toml"), "w") as f:
+        f.write(CONFIG_TOML)
+    with open(os.path.join(tmp, "extras.yaml"), "w") as f:
+        f.write(EXTRAS)
+    subst = {"config=CONFIG": f"config={tmp}/config.toml", "EXTRAS": f"{tmp}/extras.yaml"}
+    validated = 0
+    for name, args in SETS.items():
+        args = [subst.get(a, a) for a in args]
+        r = run([HELM, "lint", "--strict", CHART, *args])
+        if r.returncode != 0:
+            fail(f"helm lint --strict ({name}):\n{r.stdout}{r.stderr}")
+        r = run([HELM, "template", "valve", CHART, "--namespace", "default", *args])
+        if r.returncode != 0:
+            fail(f"helm template ({name}):\n{r.stderr}")
+            continue
+        docs = docs_of(r.stdout)
+        validated += validate(docs, name)
+        check_set(name, docs)
+
+    # The checks bite: a misspelled value, a misspelled field, both autoscalers at once.
+    r = run([HELM, "lint", "--strict", CHART, "--set", "valve.drainDelai=5"])
+    if r.returncode == 0:
+        fail("helm lint accepted a misspelled value (valve.drainDelai)")
+    r = run([HELM, "template", "valve", CHART, "--namespace", "default"])
+    typo = r.stdout.replace("periodSeconds:", "periodSecond:", 1)
+    if run([VALIDATE, "--strict", "--quiet", "-k", KUBE_VERSIONS[-1], "-"], typo).returncode == 0:
+        fail("kubernetes-validate --strict accepted a misspelled field (periodSecond)")
+    r = run([HELM, "template", "valve", CHART, "--set", "autoscaling.hpa.enabled=true", "--set", "keda.enabled=true"])
+    if r.returncode == 0:
+        fail("the chart rendered an HPA and a KEDA ScaledObject together")
+
+    # deploy/kubernetes/ is the chart's rendering, and valid.
+    out = os.path.join(tmp, "kubernetes")
+    os.makedirs(out)
+    r = run(["bash", os.path.join(DEPLOY, "kubernetes", "render"), out], None)
+    if r.returncode != 0:
+        fail(f"deploy/kubernetes/render:\n{r.stderr}")
+    for fname in sorted(os.listdir(out)):
+        mine = os.path.join(DEPLOY, "kubernetes", fname)
+        fresh = open(os.path.join(out, fname)).read()
+        if not os.path.exists(mine) or open(mine).read() != fresh:
+            fail(f"deploy/kubernetes/{fname} differs from the chart's rendering: run deploy/kubernetes/render")
+        validated += validate(docs_of(fresh), f"deploy/kubernetes/{fname}")
+
+    for n in notes:
+        print(f"chart: note: {n}")
+    if failures:
+        sys.exit(1)
+    print(f"chart: ok (helm lint --strict on {len(SETS)} value sets; {validated} objects valid under "
+          f"kubernetes-validate --strict for Kubernetes {' and '.join(KUBE_VERSIONS)}; deploy/kubernetes/ up to date)")
+
+
+if __name__ == "__main__":
+    main()
