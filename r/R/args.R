@@ -59,8 +59,8 @@ app_args <- function(app, call) {
     return(list(args = character(), cleanup = NULL))
   }
   if (is_router(app)) {
-    path <- save_router(app, call = call)
-    return(list(args = c("--file", path), cleanup = dirname(path)))
+    # Saved once the binary is known (see with_router()).
+    return(list(args = character(), cleanup = NULL, router = app))
   }
   if (inherits(app, "shiny.appobj")) {
     cli::cli_abort(
@@ -105,7 +105,41 @@ valve_command <- function(app, flags, dots, call) {
     rest <- c(rest, "--r-bin", file.path(R.home("bin"), "R"))
   }
   target <- app_args(app, call)
-  list(args = c(target$args, rest), cleanup = target$cleanup)
+  list(args = c(target$args, rest), cleanup = target$cleanup, router = target$router)
+}
+
+# A router is saved for the workers into a private directory, and valve
+# started with `--file` on it: on the .rds file when this valve binary reads
+# routers saved with saveRDS() (its --help says so), else on the directory,
+# with an entrypoint.R that reads the .rds (plumber::plumb(dir = ) serves
+# what entrypoint.R returns), so older binaries serve routers too.
+with_router <- function(command, binary, call) {
+  if (is.null(command$router)) {
+    return(command)
+  }
+  path <- save_router(command$router, call = call)
+  dir <- dirname(path)
+  target <- path
+  if (!reads_rds(binary)) {
+    writeLines(c(
+      "# Written by the valve R package: this valve binary does not read .rds",
+      "# routers itself, so plumber::plumb(dir = ) serves what this returns.",
+      paste0("readRDS(", deparse(path), ")")
+    ), file.path(dir, "entrypoint.R"))
+    target <- dir
+  }
+  command$args <- c("--file", target, command$args)
+  command$cleanup <- dir
+  command$router <- NULL
+  command
+}
+
+reads_rds <- function(binary) {
+  help <- tryCatch(
+    processx::run(binary, "--help", error_on_status = FALSE, timeout = 10)$stdout,
+    error = function(e) ""
+  )
+  grepl("saveRDS|\\.rds", help)
 }
 
 # The environment valve runs in: this session's library paths, so workers find

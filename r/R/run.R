@@ -80,10 +80,9 @@ valve_run <- function(app = NULL, host = NULL, port = NULL, n_min = NULL,
     ),
     dots, call
   )
-  if (!is.null(command$cleanup)) {
-    on.exit(unlink(command$cleanup, recursive = TRUE), add = TRUE)
-  }
+  on.exit(if (!is.null(command$cleanup)) unlink(command$cleanup, recursive = TRUE), add = TRUE)
   binary <- find_binary()
+  command <- with_router(command, binary, call)
   # valve's run directory and its workers' temporary directories go in here,
   # removed once valve has stopped, however it stopped.
   tmp <- tempfile("valve-")

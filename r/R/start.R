@@ -75,6 +75,7 @@ valve_start <- function(app = NULL, host = NULL, port = 0, n_min = NULL,
   ready <- FALSE
   on.exit(if (!ready && !is.null(command$cleanup)) unlink(command$cleanup, recursive = TRUE), add = TRUE)
   binary <- find_binary()
+  command <- with_router(command, binary, call)
   log_dir <- tempfile("valve-")
   dir.create(log_dir)
   out_file <- file.path(log_dir, "stdout.log")

@@ -53,17 +53,28 @@ test_that("connections and external pointers are refused, naming where they are"
 
 test_that("a router that can travel is served by three workers at once", {
   skip_if_no_valve()
-  skip_unless_valve_has("plumber routers saved with saveRDS()", "saveRDS|\\.rds")
   router <- plumber::pr() |>
     plumber::pr_get("/pid", function() {
       Sys.sleep(1)
       Sys.getpid()
     })
+  # The session's valve.on_worker_start travels with the router and runs once
+  # in each worker.
+  marks <- withr::local_tempdir()
+  hook_env <- new.env(parent = globalenv())
+  hook_env$marks <- marks
+  withr::local_options(valve.on_worker_start = local(
+    function() file.create(file.path(marks, Sys.getpid())),
+    hook_env
+  ))
   api <- valve_start(router, n_min = 3, n_max = 3, timeout = 90)
   tree <- valve_tree(api$pid)
   withr::defer(lapply(tree, function(h) try(ps::ps_kill(h), silent = TRUE)))
   expect_true(dir.exists(api$run_dir))
-  expect_match(api$app, "router\\.rds$")
+  # valve serves the saved router.rds, or (a binary without .rds support) the
+  # directory holding it and an entrypoint.R reading it.
+  expect_match(api$app, basename(api$run_dir), fixed = TRUE)
+  if (valve:::reads_rds(api$binary)) expect_match(api$app, "router\\.rds$")
 
   answers <- fetch_all(rep(paste0(api$url, "/pid"), 3))
   expect_equal(vapply(answers, `[[`, 0L, "status"), rep(200L, 3))
@@ -72,6 +83,7 @@ test_that("a router that can travel is served by three workers at once", {
   expect_false(Sys.getpid() %in% pids)
   expect_setequal(pids, pids_of(tree[-1]))
   expect_setequal(api$status()$workers$pid, pids)
+  expect_setequal(as.integer(list.files(marks)), pids)
 
   expect_equal(valve_stop(api), 0L)
   expect_true(all_gone(tree), info = paste("still running:", toString(pids_of(tree))))
