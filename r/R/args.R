@@ -51,9 +51,9 @@ one_flag <- function(name, value, call) {
 
 # What valve serves, as its command line: `--file PATH` for a plumber file or
 # folder, a Shiny app folder or app.R; `--config PATH` for a .toml file of
-# several apps; and for a plumber router built in this session, `--file` on a
-# copy saved for the workers (see R/router.R), whose directory `cleanup` is
-# removed when valve stops. NULL passes nothing: valve's default applies.
+# several apps. A plumber router built in this session is only checked to be
+# one here: with_router() saves it once the binary is known. NULL passes
+# nothing: valve's default applies.
 app_args <- function(app, call) {
   if (is.null(app)) {
     return(list(args = character(), cleanup = NULL))
