@@ -18,7 +18,8 @@ pub async fn check(url: &str) -> Result<u16, String> {
 }
 
 async fn ask(url: &str) -> Result<u16, String> {
-    let uri: http::Uri = url.parse().map_err(|e| format!("{url:?} is not a URL ({e}); try http://127.0.0.1:3000/__valve__/healthz"))?;
+    let uri: http::Uri =
+        url.parse().map_err(|e| format!("{url:?} is not a URL ({e}); try http://127.0.0.1:3000/__valve__/healthz"))?;
     if uri.scheme_str() != Some("http") {
         return Err(format!("{url:?}: only http:// URLs can be checked"));
     }

@@ -1,25 +1,243 @@
-//! valve: one port in front of a pool of R worker processes running a plumber API.
+//! valve: one port in front of pools of R worker processes running plumber
+//! APIs and Shiny apps.
 //!
 //! Module map (see ARCHITECTURE.md for the invariants between them):
-//! - `admin`: valve's own pages under /__valve__/ (health, readiness, metrics, status, dashboard).
-//! - `metrics`: counters, histograms and the dashboard's history.
-//! - `body`: the request body sent to workers, with the body-size limit.
 //! - `config`: flags and `VALVE_*` variables in, a checked `Config` out.
-//! - `pool`: worker states, the wait queue and scaling decisions; pure logic.
+//! - `app`: one app's pool (pure decisions), its supervisor (which carries
+//!   them out and owns the app's loops), leases and sticky workers; the fleet
+//!   of apps and the worker budget across them.
 //! - `worker`: starting, reaching, watching and signalling one R process.
-//! - `supervisor`: carries out the pool's decisions with real workers; hands out leases.
-//! - `proxy`: HTTP in, HTTP out, through a leased worker.
-//! - `server`: the listener, connection handling and the drain on shutdown.
+//! - `http`: the listener and drain, the router (prefix and host to app), the
+//!   one forwarding loop, bodies held whole, replies.
+//! - `admin`: valve's own pages under /__valve__/.
+//! - `metrics`: counters, histograms and the dashboard's history.
+//! - `log`: non-blocking logging, text or JSON.
 //! - `shutdown`: the signals that stop valve, fanned out as tokens.
+//! - `healthcheck`: `valve --healthcheck`.
 
 pub mod admin;
-pub mod body;
+pub mod app;
 pub mod config;
 pub mod healthcheck;
+pub mod http;
+pub mod log;
 pub mod metrics;
-pub mod pool;
-pub mod proxy;
-pub mod server;
 pub mod shutdown;
-pub mod supervisor;
 pub mod worker;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+
+use crate::admin::Admin;
+use crate::app::pool::Limits;
+use crate::app::{Fleet, Settings, Supervisor};
+use crate::config::{AppConfig, Config};
+use crate::http::forward::{Forwarder, MAX_HEAD_BYTES};
+use crate::http::router::{Mounted, Router, Table};
+use crate::http::server::{ClientLimits, Drained, Front};
+use crate::metrics::Registry;
+use crate::shutdown::Shutdown;
+use crate::worker::{RLauncher, Spec, StartError};
+
+/// How often the start-up reports progress while the first workers load.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
+/// The longest a client may leave an answer unread or a body unsent.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Why valve could not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot listen on {addr}: {error}{hint}")]
+    Bind { addr: String, error: std::io::Error, hint: &'static str },
+    #[error("cannot create the private run directory: {0} (check TMPDIR)")]
+    RunDir(std::io::Error),
+    #[error("the app {app} ({path}) could not start: {error}")]
+    Start { app: String, path: String, error: StartError },
+}
+
+/// What valve serves, once every app is ready.
+#[derive(Debug, Clone)]
+pub struct Serving {
+    pub addr: SocketAddr,
+    pub admin: Option<SocketAddr>,
+}
+
+/// Binds the main listener (and the admin one, if asked), so that bad
+/// addresses fail before any R starts.
+pub async fn bind(config: &Config) -> Result<(TcpListener, Option<TcpListener>), RunError> {
+    let s = &config.server;
+    let main = bind_one(&format!("{}:{}", bracket(&s.host), s.port), "pick another --port").await?;
+    let admin = match &s.admin_addr {
+        None => None,
+        Some(addr) => Some(bind_one(addr, "pick another --admin-addr HOST:PORT").await?),
+    };
+    Ok((main, admin))
+}
+
+fn bracket(host: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    }
+}
+
+async fn bind_one(addr: &str, what: &'static str) -> Result<TcpListener, RunError> {
+    TcpListener::bind(addr).await.map_err(|error| RunError::Bind {
+        addr: addr.to_string(),
+        hint: match error.kind() {
+            std::io::ErrorKind::AddrInUse => match what {
+                "pick another --port" => " (another program uses it: stop it or pick another --port)",
+                _ => " (another program uses it: pick another --admin-addr HOST:PORT)",
+            },
+            std::io::ErrorKind::PermissionDenied => " (ports below 1024 need privileges: pick one above 1024)",
+            _ => " (check --host and --port)",
+        },
+        error,
+    })
+}
+
+fn settings(app: &AppConfig, check_unused: Duration) -> Settings {
+    Settings {
+        name: app.name.clone(),
+        limits: Limits {
+            n_min: app.n_min,
+            n_max: app.n_max,
+            max_requests: app.max_requests,
+            max_memory: app.max_worker_memory,
+            max_sessions: app.max_sessions,
+        },
+        max_age: app.max_age,
+        check_unused,
+        start_timeout: app.start_timeout,
+        queue_size: app.queue_size,
+        queue_timeout: app.queue_timeout,
+        request_timeout: app.request_timeout,
+    }
+}
+
+/// Serves `config` on `listener` until `shutdown` has run its course: starts
+/// every app's `n_min` workers (requests are accepted meanwhile and wait),
+/// calls `ready` once all answer, then serves until the drain ends and every
+/// worker has stopped.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    admin_listener: Option<TcpListener>,
+    registry: Arc<Registry>,
+    shutdown: Shutdown,
+    ready: impl FnOnce(&Serving),
+) -> Result<Drained, RunError> {
+    let addr =
+        listener.local_addr().map_err(|error| RunError::Bind { addr: config.server.host.clone(), error, hint: "" })?;
+    let run_dir = worker::run_dir().map_err(RunError::RunDir)?;
+    let fleet = Fleet::new(config.server.max_workers);
+    let mut mounted = Vec::new();
+    for app in &config.apps {
+        let spec = Spec::new(
+            run_dir.clone(),
+            app.r_bin.clone(),
+            app.source.clone(),
+            app.env.clone(),
+            config.server.host.clone(),
+            addr.port(),
+        );
+        let launcher = RLauncher::new(spec, app.preload).map_err(RunError::RunDir)?;
+        let sup = Supervisor::new(
+            fleet.clone(),
+            settings(app, config.server.check_unused),
+            Box::new(launcher),
+            registry.app(&app.name),
+        );
+        mounted.push(Arc::new(Mounted { config: app.clone(), sup, older: Vec::new() }));
+    }
+    let router = Arc::new(Router::new(Table::new(mounted.clone())));
+    let admin = Admin::new(router.clone(), fleet.clone(), registry.clone(), &config, shutdown.signalled.clone());
+    let limits = ClientLimits {
+        header_timeout: config.server.header_timeout,
+        client_timeout: CLIENT_TIMEOUT,
+        max_head: MAX_HEAD_BYTES * 2,
+    };
+    let admin_addr = match admin_listener {
+        Some(l) => {
+            let a = l.local_addr().ok();
+            http::server::serve_admin(l, admin.clone(), limits);
+            a
+        }
+        None => None,
+    };
+    let front = Front::new(
+        router.clone(),
+        Forwarder::new(run_dir.path().to_path_buf(), CLIENT_TIMEOUT),
+        admin_addr.is_none().then(|| admin.clone()),
+        shutdown.signalled.clone(),
+        config.server.access_log,
+    );
+    // Serve at once: health checks answer while workers start, requests wait for them.
+    let server =
+        tokio::spawn(http::server::run(listener, front, shutdown.clone(), limits, config.server.graceful_timeout));
+
+    let stop_all = || async {
+        for m in &mounted {
+            m.sup.shutdown().await;
+        }
+    };
+    for app in &config.apps {
+        tracing::info!(app = %app.name, path = %app.source.path().display(), workers = app.n_min, preload = app.preload, "starting workers");
+    }
+    let started = Instant::now();
+    let starts = futures_join(mounted.iter().map(|m| {
+        let m = m.clone();
+        async move { m.sup.start().await.map_err(|e| (m.config.clone(), e)) }
+    }));
+    tokio::pin!(starts);
+    let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+    loop {
+        tokio::select! {
+            result = &mut starts => match result {
+                Ok(()) => break,
+                Err((app, error)) => {
+                    stop_all().await;
+                    return Err(RunError::Start { app: app.name.clone(), path: app.source.path().display().to_string(), error });
+                }
+            },
+            _ = progress.tick() => {
+                for m in &mounted {
+                    let g = m.sup.gauges();
+                    tracing::info!(app = %m.config.name, ready = g.idle + g.busy, wanted = m.config.n_min,
+                        waited_s = started.elapsed().as_secs(), "still starting workers");
+                }
+            }
+            _ = shutdown.drain.cancelled() => {
+                stop_all().await;
+                return Ok(Drained::Clean);
+            }
+        }
+    }
+    ready(&Serving { addr, admin: admin_addr });
+    let drained = server.await.unwrap_or(Drained::Cut);
+    stop_all().await;
+    Ok(drained)
+}
+
+/// Runs futures side by side; the first error wins.
+async fn futures_join<T, F>(futures: impl Iterator<Item = F>) -> Result<(), T>
+where
+    F: std::future::Future<Output = Result<(), T>> + Send + 'static,
+    T: Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    for f in futures {
+        set.spawn(f);
+    }
+    while let Some(done) = set.join_next().await {
+        if let Ok(Err(e)) = done {
+            return Err(e);
+        }
+    }
+    Ok(())
+}

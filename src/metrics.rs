@@ -1,13 +1,19 @@
-//! Counters and histograms for `/__valve__/metrics`, lock-free on the request
-//! path (atomics only), plus a per-second history for the dashboard.
+//! Counters and histograms for `/__valve__/metrics`: lock-free on the request
+//! path (atomics only), one set per app (labelled `app`, kept across reloads
+//! of that app), a per-second history for the dashboard, and valve's own
+//! process metrics. Rendered in the Prometheus text format, with family names
+//! that stay distinct under OpenMetrics (no gauge shares a name with a
+//! counter's `_total` stem).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::Method;
+
+use crate::app::{Retire, WorkerId};
 
 /// Histogram bucket bounds in seconds (Prometheus `le`).
 const BUCKETS: [f64; 17] =
@@ -24,21 +30,25 @@ pub enum ExitReason {
     Memory,
     Timeout,
     Broken,
+    Unresponsive,
+    Budget,
+    Shutdown,
     Crashed,
     FailedStart,
-    Shutdown,
 }
 
 impl ExitReason {
-    const ALL: [ExitReason; 8] = [
+    const ALL: [ExitReason; 10] = [
         ExitReason::Idle,
         ExitReason::Recycled,
         ExitReason::Memory,
         ExitReason::Timeout,
         ExitReason::Broken,
+        ExitReason::Unresponsive,
+        ExitReason::Budget,
+        ExitReason::Shutdown,
         ExitReason::Crashed,
         ExitReason::FailedStart,
-        ExitReason::Shutdown,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -48,15 +58,27 @@ impl ExitReason {
             ExitReason::Memory => "max_memory",
             ExitReason::Timeout => "request_timeout",
             ExitReason::Broken => "broken",
+            ExitReason::Unresponsive => "unresponsive",
+            ExitReason::Budget => "budget",
+            ExitReason::Shutdown => "shutdown",
             ExitReason::Crashed => "crashed",
             ExitReason::FailedStart => "failed_start",
-            ExitReason::Shutdown => "shutdown",
         }
     }
+}
 
-    /// Whether valve asked for this exit (as opposed to the worker dying on it).
-    pub fn planned(self) -> bool {
-        matches!(self, ExitReason::Idle | ExitReason::Recycled | ExitReason::Memory | ExitReason::Shutdown)
+impl From<Retire> for ExitReason {
+    fn from(r: Retire) -> Self {
+        match r {
+            Retire::Idle => ExitReason::Idle,
+            Retire::Requests => ExitReason::Recycled,
+            Retire::Memory => ExitReason::Memory,
+            Retire::Timeout => ExitReason::Timeout,
+            Retire::Broken => ExitReason::Broken,
+            Retire::Unresponsive => ExitReason::Unresponsive,
+            Retire::Budget => ExitReason::Budget,
+            Retire::Shutdown => ExitReason::Shutdown,
+        }
     }
 }
 
@@ -69,16 +91,18 @@ pub enum Rejection {
     BodyTooLarge,
     WorkerFailed,
     RequestTimeout,
+    BadRequest,
 }
 
 impl Rejection {
-    const ALL: [Rejection; 6] = [
+    const ALL: [Rejection; 7] = [
         Rejection::QueueFull,
         Rejection::QueueTimeout,
         Rejection::ShuttingDown,
         Rejection::BodyTooLarge,
         Rejection::WorkerFailed,
         Rejection::RequestTimeout,
+        Rejection::BadRequest,
     ];
 
     fn as_str(self) -> &'static str {
@@ -89,6 +113,7 @@ impl Rejection {
             Rejection::BodyTooLarge => "body_too_large",
             Rejection::WorkerFailed => "worker_failed",
             Rejection::RequestTimeout => "request_timeout",
+            Rejection::BadRequest => "bad_request",
         }
     }
 }
@@ -121,17 +146,16 @@ impl Histogram {
         (b, self.count.load(Relaxed), self.sum_micros.load(Relaxed))
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str) {
+    fn render(&self, out: &mut String, name: &str, app: &str) {
         let (b, count, sum) = self.snapshot();
-        header(out, name, "histogram", help);
         let mut cumulative = 0;
         for (bound, n) in BUCKETS.iter().zip(b) {
             cumulative += n;
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+            let _ = writeln!(out, "{name}_bucket{{app=\"{app}\",le=\"{bound}\"}} {cumulative}");
         }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_sum {}", sum as f64 / 1e6);
-        let _ = writeln!(out, "{name}_count {count}");
+        let _ = writeln!(out, "{name}_bucket{{app=\"{app}\",le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_sum{{app=\"{app}\"}} {}", sum as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count{{app=\"{app}\"}} {count}");
     }
 }
 
@@ -152,8 +176,9 @@ fn quantile(deltas: &[u64; BUCKETS.len()], total: u64, q: f64) -> Option<f64> {
 }
 
 /// One second of the dashboard's history.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct Point {
+    #[serde(rename = "t")]
     pub unix: u64,
     pub requests: u64,
     pub p50: Option<f64>,
@@ -166,33 +191,75 @@ pub struct Point {
 /// Seconds of history the dashboard shows.
 const HISTORY: usize = 300;
 
-pub struct Metrics {
-    requests: Box<[AtomicU64]>,
-    pub request_duration: Histogram,
-    pub queue_wait: Histogram,
-    pub spawn_duration: Histogram,
-    exits: [AtomicU64; ExitReason::ALL.len()],
-    rejected: [AtomicU64; Rejection::ALL.len()],
-    sessions_total: AtomicU64,
-    history: Mutex<History>,
-}
-
 struct History {
     points: VecDeque<Point>,
     last_total: u64,
     last_buckets: [u64; BUCKETS.len()],
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Metrics {
+/// One app's pool at scrape time.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct Gauges {
+    pub starting: usize,
+    pub idle: usize,
+    pub busy: usize,
+    /// Shiny workers past a limit, serving only the sessions they hold.
+    pub draining: usize,
+    pub queued: usize,
+    pub n_max: usize,
+    /// Open Shiny sessions.
+    pub sessions: usize,
+}
+
+impl Gauges {
+    /// (busy workers + queued requests) / n_max: above 1, requests wait; the
+    /// metric to autoscale on.
+    pub fn saturation(&self) -> f64 {
+        (self.busy + self.queued) as f64 / self.n_max.max(1) as f64
+    }
+
+    /// Adds another generation's gauges of the same app.
+    pub fn add(&mut self, other: &Gauges) {
+        self.starting += other.starting;
+        self.idle += other.idle;
+        self.busy += other.busy;
+        self.draining += other.draining;
+        self.queued += other.queued;
+        self.n_max = self.n_max.max(other.n_max);
+        self.sessions += other.sessions;
+    }
+}
+
+/// One app's counters, histograms and history.
+pub struct AppMetrics {
+    pub name: String,
+    requests: Box<[AtomicU64]>,
+    pub request_duration: Histogram,
+    pub queue_wait: Histogram,
+    pub spawn_duration: Histogram,
+    exits: [AtomicU64; ExitReason::ALL.len()],
+    rejected: [AtomicU64; Rejection::ALL.len()],
+    sessions_opened: AtomicU64,
+    memory: Mutex<BTreeMap<WorkerId, u64>>,
+    history: Mutex<History>,
+}
+
+fn method_index(m: &Method) -> usize {
+    METHODS[..METHODS.len() - 1].iter().position(|n| *n == m.as_str()).unwrap_or(METHODS.len() - 1)
+}
+
+impl AppMetrics {
+    pub fn new(name: &str) -> Self {
+        AppMetrics {
+            name: name.to_string(),
             requests: (0..METHODS.len() * STATUSES).map(|_| AtomicU64::new(0)).collect(),
             request_duration: Histogram::new(),
             queue_wait: Histogram::new(),
             spawn_duration: Histogram::new(),
             exits: Default::default(),
             rejected: Default::default(),
-            sessions_total: AtomicU64::new(0),
+            sessions_opened: AtomicU64::new(0),
+            memory: Mutex::new(BTreeMap::new()),
             history: Mutex::new(History {
                 points: VecDeque::with_capacity(HISTORY),
                 last_total: 0,
@@ -200,13 +267,7 @@ impl Default for Metrics {
             }),
         }
     }
-}
 
-fn method_index(m: &Method) -> usize {
-    METHODS[..METHODS.len() - 1].iter().position(|n| *n == m.as_str()).unwrap_or(METHODS.len() - 1)
-}
-
-impl Metrics {
     pub fn request(&self, method: &Method, status: u16, took: Duration) {
         let s = usize::from(status).min(STATUSES - 1);
         self.requests[method_index(method) * STATUSES + s].fetch_add(1, Relaxed);
@@ -214,7 +275,7 @@ impl Metrics {
     }
 
     pub fn session_opened(&self) {
-        self.sessions_total.fetch_add(1, Relaxed);
+        self.sessions_opened.fetch_add(1, Relaxed);
     }
 
     pub fn exit(&self, reason: ExitReason) {
@@ -225,8 +286,17 @@ impl Metrics {
         self.rejected[reason as usize].fetch_add(1, Relaxed);
     }
 
+    /// A worker's memory at its last sample.
+    pub fn worker_memory(&self, id: WorkerId, bytes: u64) {
+        self.memory.lock().unwrap_or_else(|p| p.into_inner()).insert(id, bytes);
+    }
+
+    pub fn forget_worker(&self, id: WorkerId) {
+        self.memory.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+    }
+
     /// Takes this second's point for the dashboard (called once a second).
-    pub fn tick(&self, queued: usize, busy: usize, idle: usize) {
+    pub fn tick(&self, g: &Gauges) {
         let (buckets, total, _) = self.request_duration.snapshot();
         let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
         let mut deltas = [0; BUCKETS.len()];
@@ -240,9 +310,9 @@ impl Metrics {
             requests,
             p50: quantile(&deltas, requests, 0.5),
             p99: quantile(&deltas, requests, 0.99),
-            queued,
-            busy,
-            idle,
+            queued: g.queued,
+            busy: g.busy,
+            idle: g.idle,
         };
         h.last_total = total;
         h.last_buckets = buckets;
@@ -255,60 +325,143 @@ impl Metrics {
     pub fn history(&self) -> Vec<Point> {
         self.history.lock().unwrap_or_else(|p| p.into_inner()).points.iter().copied().collect()
     }
+}
 
-    /// The Prometheus text format. `gauges` are the pool's state at scrape time.
-    pub fn render(&self, gauges: &Gauges) -> String {
-        let mut out = String::with_capacity(8192);
-        header(&mut out, "valve_requests_total", "counter", "Requests answered, by method and status.");
-        for (m, method) in METHODS.iter().enumerate() {
-            for s in 0..STATUSES {
-                let n = self.requests[m * STATUSES + s].load(Relaxed);
-                if n > 0 {
-                    let _ = writeln!(out, "valve_requests_total{{method=\"{method}\",status=\"{s}\"}} {n}");
+/// Every app's metrics, by app name, plus valve-wide counters.
+#[derive(Default)]
+pub struct Registry {
+    apps: Mutex<BTreeMap<String, Arc<AppMetrics>>>,
+    /// Counts log lines dropped because the log's reader fell behind.
+    log_dropped: std::sync::OnceLock<Box<dyn Fn() -> u64 + Send + Sync>>,
+}
+
+impl Registry {
+    /// Where the count of dropped log lines comes from.
+    pub fn count_log_drops(&self, count: impl Fn() -> u64 + Send + Sync + 'static) {
+        let _ = self.log_dropped.set(Box::new(count));
+    }
+
+    /// The metrics of app `name`, created on first use and kept across reloads.
+    pub fn app(&self, name: &str) -> Arc<AppMetrics> {
+        self.apps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name.to_string())
+            .or_insert_with(|| Arc::new(AppMetrics::new(name)))
+            .clone()
+    }
+
+    /// The Prometheus text format. `gauges` are each app's pool at scrape time.
+    pub fn render(&self, gauges: &BTreeMap<String, Gauges>, processes: usize, max_workers: usize) -> String {
+        let apps: Vec<Arc<AppMetrics>> =
+            self.apps.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        let mut out = String::with_capacity(16384);
+        header(&mut out, "valve_build_info", "gauge", "valve's version (always 1).");
+        let _ = writeln!(out, "valve_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
+
+        header(&mut out, "valve_requests_total", "counter", "Requests answered, by app, method and status.");
+        for a in &apps {
+            for (m, method) in METHODS.iter().enumerate() {
+                for s in 0..STATUSES {
+                    let n = a.requests[m * STATUSES + s].load(Relaxed);
+                    if n > 0 {
+                        let _ = writeln!(
+                            out,
+                            "valve_requests_total{{app=\"{}\",method=\"{method}\",status=\"{s}\"}} {n}",
+                            a.name
+                        );
+                    }
                 }
             }
         }
-        self.request_duration.render(
-            &mut out,
-            "valve_request_duration_seconds",
-            "Time from a request's arrival to its answer's head.",
-        );
-        self.queue_wait.render(&mut out, "valve_queue_wait_seconds", "Time requests waited for a worker.");
-        self.spawn_duration.render(
-            &mut out,
-            "valve_worker_spawn_duration_seconds",
-            "Time from the decision to start a worker to its first answer.",
-        );
-        single(&mut out, "valve_queue_depth", "gauge", "Requests waiting for a worker.", gauges.queued as u64);
-        header(&mut out, "valve_workers", "gauge", "Workers by state.");
-        for (state, n) in [("starting", gauges.starting), ("idle", gauges.idle), ("busy", gauges.busy)] {
-            let _ = writeln!(out, "valve_workers{{state=\"{state}\"}} {n}");
+        let histograms: [(&str, &str, fn(&AppMetrics) -> &Histogram); 3] = [
+            ("valve_request_duration_seconds", "Time from a request's arrival to its answer's head.", |a| {
+                &a.request_duration
+            }),
+            ("valve_queue_wait_seconds", "Time requests waited for a worker.", |a| &a.queue_wait),
+            (
+                "valve_worker_spawn_duration_seconds",
+                "Time from the decision to start a worker to its first answer.",
+                |a| &a.spawn_duration,
+            ),
+        ];
+        for (name, help, get) in histograms {
+            header(&mut out, name, "histogram", help);
+            for a in &apps {
+                get(a).render(&mut out, name, &a.name);
+            }
         }
-        single(
+        let per_app = |out: &mut String, name: &str, kind: &str, help: &str, value: &dyn Fn(&Gauges) -> String| {
+            header(out, name, kind, help);
+            for (app, g) in gauges {
+                let _ = writeln!(out, "{name}{{app=\"{app}\"}} {}", value(g));
+            }
+        };
+        per_app(&mut out, "valve_queue_depth", "gauge", "Requests waiting for a worker.", &|g| g.queued.to_string());
+        header(&mut out, "valve_workers", "gauge", "Workers by state.");
+        for (app, g) in gauges {
+            for (state, n) in [("starting", g.starting), ("idle", g.idle), ("busy", g.busy), ("draining", g.draining)] {
+                let _ = writeln!(out, "valve_workers{{app=\"{app}\",state=\"{state}\"}} {n}");
+            }
+        }
+        per_app(&mut out, "valve_workers_max", "gauge", "The most workers the app may run (n_max).", &|g| {
+            g.n_max.to_string()
+        });
+        per_app(
             &mut out,
-            "valve_workers_max",
+            "valve_saturation",
             "gauge",
-            "The most workers valve may run (--n-max).",
-            gauges.n_max as u64,
+            "(Busy workers + queued requests) / n_max: above 1 requests wait. Autoscale on it.",
+            &|g| format!("{:.4}", g.saturation()),
         );
-        single(&mut out, "valve_sessions", "gauge", "Open Shiny sessions (WebSockets).", gauges.sessions as u64);
-        single(
+        per_app(&mut out, "valve_shiny_sessions", "gauge", "Open Shiny sessions (WebSockets).", &|g| {
+            g.sessions.to_string()
+        });
+        header(&mut out, "valve_shiny_sessions_opened_total", "counter", "Shiny sessions opened.");
+        for a in &apps {
+            let _ = writeln!(
+                out,
+                "valve_shiny_sessions_opened_total{{app=\"{}\"}} {}",
+                a.name,
+                a.sessions_opened.load(Relaxed)
+            );
+        }
+        header(
             &mut out,
-            "valve_sessions_total",
-            "counter",
-            "Shiny sessions opened.",
-            self.sessions_total.load(Relaxed),
+            "valve_worker_memory_bytes",
+            "gauge",
+            "Each worker's memory at its last sample (RSS; a fork's private memory).",
         );
+        for a in &apps {
+            for (id, bytes) in a.memory.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                let _ = writeln!(out, "valve_worker_memory_bytes{{app=\"{}\",worker=\"{id}\"}} {bytes}", a.name);
+            }
+        }
         header(&mut out, "valve_worker_exits_total", "counter", "Workers that left the pool, by reason.");
-        for r in ExitReason::ALL {
-            let n = self.exits[r as usize].load(Relaxed);
-            let _ = writeln!(out, "valve_worker_exits_total{{reason=\"{}\"}} {n}", r.as_str());
+        for a in &apps {
+            for r in ExitReason::ALL {
+                let n = a.exits[r as usize].load(Relaxed);
+                let _ = writeln!(out, "valve_worker_exits_total{{app=\"{}\",reason=\"{}\"}} {n}", a.name, r.as_str());
+            }
         }
         header(&mut out, "valve_rejected_requests_total", "counter", "Requests valve answered itself, by reason.");
-        for r in Rejection::ALL {
-            let n = self.rejected[r as usize].load(Relaxed);
-            let _ = writeln!(out, "valve_rejected_requests_total{{reason=\"{}\"}} {n}", r.as_str());
+        for a in &apps {
+            for r in Rejection::ALL {
+                let n = a.rejected[r as usize].load(Relaxed);
+                let _ =
+                    writeln!(out, "valve_rejected_requests_total{{app=\"{}\",reason=\"{}\"}} {n}", a.name, r.as_str());
+            }
         }
+        single(&mut out, "valve_r_processes", "gauge", "R worker processes across every app.", processes as f64);
+        single(&mut out, "valve_max_workers", "gauge", "The most R workers across every app.", max_workers as f64);
+        single(
+            &mut out,
+            "valve_log_dropped_total",
+            "counter",
+            "Log lines dropped because whatever reads valve's log fell behind.",
+            self.log_dropped.get().map(|count| count()).unwrap_or(0) as f64,
+        );
+        process_metrics(&mut out);
         out
     }
 }
@@ -319,21 +472,49 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 /// A metric with one unlabelled sample.
-fn single(out: &mut String, name: &str, kind: &str, help: &str, value: u64) {
+fn single(out: &mut String, name: &str, kind: &str, help: &str, value: f64) {
     header(out, name, kind, help);
     let _ = writeln!(out, "{name} {value}");
 }
 
-/// The pool's state at scrape time.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Gauges {
-    pub starting: usize,
-    pub idle: usize,
-    pub busy: usize,
-    pub queued: usize,
-    pub n_max: usize,
-    /// Open Shiny sessions.
-    pub sessions: usize,
+/// The standard `process_*` metrics of valve itself, from /proc/self.
+fn process_metrics(out: &mut String) {
+    let ticks = 100.0; // USER_HZ on Linux
+    let page = rustix::param::page_size() as f64;
+    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
+        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+        let num = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        // Fields after the command: state is 0, so utime (14th of the line) is 11.
+        single(out, "process_cpu_seconds_total", "counter", "CPU time valve used.", (num(11) + num(12)) / ticks);
+        single(out, "process_virtual_memory_bytes", "gauge", "valve's virtual memory.", num(20));
+        single(out, "process_resident_memory_bytes", "gauge", "valve's resident memory.", num(21) * page);
+        if let Some(boot) = boot_time() {
+            single(
+                out,
+                "process_start_time_seconds",
+                "gauge",
+                "When valve started (Unix time).",
+                boot + num(19) / ticks,
+            );
+        }
+    }
+    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+        single(out, "process_open_fds", "gauge", "File descriptors valve has open.", fds.count() as f64);
+    }
+    if let Some(max) = max_fds() {
+        single(out, "process_max_fds", "gauge", "The most file descriptors valve may open.", max);
+    }
+}
+
+fn boot_time() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    stat.lines().find_map(|l| l.strip_prefix("btime "))?.trim().parse().ok()
+}
+
+fn max_fds() -> Option<f64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
 }
 
 #[cfg(test)]
@@ -341,29 +522,48 @@ mod tests {
     use super::*;
 
     #[test]
-    fn histogram_buckets_are_cumulative() {
-        let m = Metrics::default();
+    fn histogram_buckets_are_cumulative_and_labelled_by_app() {
+        let r = Registry::default();
+        let m = r.app("api");
         m.request(&Method::GET, 200, Duration::from_micros(800));
         m.request(&Method::GET, 200, Duration::from_millis(30));
         m.request(&Method::POST, 502, Duration::from_secs(2));
-        let text = m.render(&Gauges::default());
-        assert!(text.contains("valve_requests_total{method=\"GET\",status=\"200\"} 2"));
-        assert!(text.contains("valve_requests_total{method=\"POST\",status=\"502\"} 1"));
-        assert!(text.contains("valve_request_duration_seconds_bucket{le=\"0.001\"} 1"));
-        assert!(text.contains("valve_request_duration_seconds_bucket{le=\"0.05\"} 2"));
-        assert!(text.contains("valve_request_duration_seconds_bucket{le=\"+Inf\"} 3"));
-        assert!(text.contains("valve_request_duration_seconds_count 3"));
+        let mut gauges = BTreeMap::new();
+        gauges.insert("api".to_string(), Gauges { busy: 1, queued: 2, n_max: 4, ..Gauges::default() });
+        let text = r.render(&gauges, 1, 4);
+        assert!(text.contains("valve_requests_total{app=\"api\",method=\"GET\",status=\"200\"} 2"));
+        assert!(text.contains("valve_requests_total{app=\"api\",method=\"POST\",status=\"502\"} 1"));
+        assert!(text.contains("valve_request_duration_seconds_bucket{app=\"api\",le=\"0.001\"} 1"));
+        assert!(text.contains("valve_request_duration_seconds_bucket{app=\"api\",le=\"0.05\"} 2"));
+        assert!(text.contains("valve_request_duration_seconds_bucket{app=\"api\",le=\"+Inf\"} 3"));
+        assert!(text.contains("valve_saturation{app=\"api\"} 0.7500"));
+        assert!(text.contains("valve_build_info{version=\""));
+        assert!(text.contains("process_resident_memory_bytes "));
+    }
+
+    #[test]
+    fn no_gauge_is_named_after_a_counters_stem() {
+        let r = Registry::default();
+        r.app("a");
+        let text = r.render(&BTreeMap::new(), 0, 1);
+        let families: Vec<&str> =
+            text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();
+        for f in &families {
+            if let Some(stem) = f.strip_suffix("_total") {
+                assert!(!families.contains(&stem), "{stem} collides with {f} under OpenMetrics");
+            }
+        }
     }
 
     #[test]
     fn history_turns_counters_into_rates_and_quantiles() {
-        let m = Metrics::default();
+        let m = AppMetrics::new("api");
         for _ in 0..99 {
             m.request(&Method::GET, 200, Duration::from_millis(2));
         }
         m.request(&Method::GET, 200, Duration::from_millis(400));
-        m.tick(0, 1, 2);
-        m.tick(0, 0, 3);
+        m.tick(&Gauges { busy: 1, idle: 2, ..Gauges::default() });
+        m.tick(&Gauges { idle: 3, ..Gauges::default() });
         let h = m.history();
         assert_eq!(h[0].requests, 100);
         assert_eq!(h[0].p50, Some(0.0025));

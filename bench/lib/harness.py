@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib
 import importlib.util
+import json
 import math
 import os
 import platform
@@ -349,7 +350,24 @@ def start_plumber(procs: Procs, name: str, api: Path = EXAMPLE_API) -> Proc:
 
 VALVE_LOG = "info,valve::access=off"
 
-_READY = re.compile(r"valve: serving .* on http://[^:]+:(\d+) with")
+_READY = re.compile(r"valve: serving .* on http://[^:]+:(\d+)[/ ]")
+
+
+def ready_info(out: Path) -> dict | None:
+    """valve's ready line: one JSON object on stdout (older builds printed a
+    sentence instead, which gives the port only)."""
+    try:
+        text = out.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if '"event":"ready"' in line:
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    m = _READY.search(text)
+    return {"port": int(m.group(1)), "admin_url": None} if m else None
 
 
 def start_valve(procs: Procs, valve_bin: Path, name: str, n_max: int, n_min: int,
@@ -365,15 +383,11 @@ def start_valve(procs: Procs, valve_bin: Path, name: str, n_max: int, n_min: int
     env.setdefault("VALVE_LOG", VALVE_LOG)
     p = procs.spawn(name, argv, env=env, stdout_path=out)
     p.argv = argv
-
-    def ready():
-        try:
-            m = _READY.search(out.read_text(errors="replace"))
-        except OSError:
-            return None
-        return int(m.group(1)) if m else None
-
-    p.port = wait_until(f"{name} to print its ready line", ready, 120, [p])
+    p.ready = wait_until(f"{name} to print its ready line", lambda: ready_info(out), 120, [p])
+    p.port = p.ready["port"]
+    # valve's own pages: on the admin listener when it has one, else the main port.
+    admin = p.ready.get("admin_url")
+    p.admin_port = int(admin.rsplit(":", 1)[1]) if admin else p.port
     wait_http_ok(p, p.port, 30)
     return p
 

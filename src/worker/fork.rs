@@ -6,27 +6,31 @@
 //! - valve → parent: lines `fork ID SOCKET FIFO` on the parent's stdin;
 //! - fork → valve: the FIFO (in the private run directory): its first line is
 //!   `valve-fork-pid PID`, then everything the fork prints (it `sink()`s there),
-//!   so each fork's output is logged under its own id and pid;
+//!   so each fork's output is logged under its own id and pid; a fork that
+//!   ends through `quit()` says `valve-fork-exit CODE` last;
 //! - the fork's socket, where it answers the readiness probe like any worker.
 //!
-//! A fork is not valve's child, so valve watches it with a pidfd. A fork cannot
-//! carry a parent-death signal to valve either, so the launcher has each fork
-//! check once a second that valve (by pid and start time) still runs.
+//! A fork is not valve's child, so valve watches and signals it through a
+//! pidfd, which names that one process even if its pid is reused later. A fork
+//! cannot carry a parent-death signal to valve either, so the launcher has each
+//! fork check once a second that valve (by pid and start time) still runs.
 
-use std::ffi::CString;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use rustix::process::Signal;
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::ChildStdin;
 use tokio::sync::{oneshot, watch, Mutex};
 
-use super::{describe, forward_output, Process, Spawner, Spec, StartError, Tail, Target, Watch};
-use crate::pool::WorkerId;
+use super::output::{self, Tail};
+use super::{pid_of, pidfd_open, wait_answering, BoxFuture, Conn, Connect, Exit, MemoryProbe, Process, Spawner, Spec};
+use super::{StartError, Stop, WorkerId};
 
 /// The worker id the preload parent's own output is logged under.
 pub const PARENT_ID: WorkerId = 0;
@@ -39,7 +43,13 @@ pub struct ParentExit {
     tail: Vec<String>,
 }
 
-pub(super) fn parent_gone(exit: Option<ParentExit>) -> StartError {
+/// Waits until the parent is gone and says so as a start error.
+async fn parent_exit(mut parent: watch::Receiver<Option<ParentExit>>) -> StartError {
+    let exit = parent.wait_for(Option::is_some).await.ok().and_then(|w| w.clone());
+    parent_gone(exit)
+}
+
+fn parent_gone(exit: Option<ParentExit>) -> StartError {
     match exit {
         Some(e) => {
             StartError::Exited { status: format!("the preload parent {}", e.status), code: e.code, tail: e.tail }
@@ -54,15 +64,8 @@ struct Parent {
     gone: watch::Receiver<Option<ParentExit>>,
 }
 
-#[derive(Debug)]
 pub(super) struct ForkServer {
     parent: Mutex<Option<Parent>>,
-}
-
-impl std::fmt::Debug for Parent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Parent").field("pid", &self.pid).finish()
-    }
 }
 
 impl ForkServer {
@@ -77,7 +80,7 @@ impl ForkServer {
         spawner: &Spawner,
         id: WorkerId,
         socket: PathBuf,
-    ) -> Result<Process, StartError> {
+    ) -> Result<Fork, StartError> {
         let mut guard = self.parent.lock().await;
         let alive = guard.as_ref().is_some_and(|p| p.gone.borrow().is_none());
         if !alive {
@@ -87,20 +90,35 @@ impl ForkServer {
 
         let fifo = spec.path(&format!("w{id}.out"));
         let _ = std::fs::remove_file(&fifo);
-        mkfifo(&fifo)?;
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .map_err(io::Error::from)?;
         // Opened read-write so that it never reads end-of-file before the fork opens it.
         let output = tokio::net::unix::pipe::OpenOptions::new().read_write(true).open_receiver(&fifo)?;
         let tail = Arc::new(Tail::default());
         let (pid_tx, pid_rx) = oneshot::channel();
-        tokio::spawn(fork_output(output, id, tail.clone(), pid_tx));
+        let said_exit = Arc::new(StdMutex::new(None));
+        tokio::spawn(fork_output(output, id, tail.clone(), pid_tx, said_exit.clone()));
 
         let line = format!("fork {id} {} {}\n", socket.display(), fifo.display());
         if let Err(e) = parent.stdin.write_all(line.as_bytes()).await {
             return Err(StartError::Io(io::Error::other(format!("cannot reach the preload parent: {e}"))));
         }
         let _ = parent.stdin.flush().await;
-        let watch = Watch::Fork { parent: parent.gone.clone(), pid: Some(pid_rx), pidfd: None };
-        Ok(Process { id, target: Target::Unknown, socket, tail, watch })
+        Ok(Fork {
+            parent: parent.gone.clone(),
+            pid_rx: Some(pid_rx),
+            pid: None,
+            pidfd: None,
+            tail,
+            said_exit,
+            exit: None,
+        })
     }
 
     /// Closes the parent's stdin (it exits on end-of-file), then makes sure.
@@ -109,8 +127,104 @@ impl ForkServer {
         let Parent { pid, stdin, mut gone } = parent;
         drop(stdin);
         if tokio::time::timeout(Duration::from_secs(2), gone.wait_for(Option::is_some)).await.is_err() {
-            Target::Group(pid).signal(libc::SIGKILL);
+            // Still unreaped (its watcher has not seen the exit), so the group is still its own.
+            let _ = rustix::process::kill_process_group(pid_of(pid), Signal::KILL);
         }
+    }
+}
+
+/// A forked worker.
+pub(super) struct Fork {
+    parent: watch::Receiver<Option<ParentExit>>,
+    pid_rx: Option<oneshot::Receiver<u32>>,
+    pid: Option<u32>,
+    pidfd: Option<AsyncFd<OwnedFd>>,
+    tail: Arc<Tail>,
+    /// The code the fork gave `quit()`, if it said.
+    said_exit: Arc<StdMutex<Option<i32>>>,
+    exit: Option<Exit>,
+}
+
+impl Fork {
+    /// Learns the fork's pid (its first line on the FIFO) unless known.
+    async fn learn_pid(&mut self) -> Result<(), StartError> {
+        let Some(rx) = self.pid_rx.take() else { return Ok(()) };
+        tokio::select! {
+            error = parent_exit(self.parent.clone()) => Err(error),
+            got = rx => {
+                let pid = got.map_err(|_| StartError::Io(io::Error::other("the fork never said its pid")))?;
+                self.pid = Some(pid);
+                self.pidfd = Some(pidfd_open(pid)?);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Process for Fork {
+    fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    fn ready<'a>(
+        &'a mut self,
+        connector: &'a dyn Connect,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Conn, StartError>> {
+        Box::pin(async move {
+            let tail = self.tail.clone();
+            let deadline = tokio::time::Instant::now() + timeout;
+            tokio::time::timeout_at(deadline, self.learn_pid())
+                .await
+                .map_err(|_| StartError::Timeout(timeout, tail.lines()))??;
+            let parent = self.parent.clone();
+            tokio::select! {
+                ready = tokio::time::timeout_at(deadline, wait_answering(connector)) => {
+                    ready.map_err(|_| StartError::Timeout(timeout, tail.lines()))
+                }
+                exit = self.exited() => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let code = match exit { Exit::Code(c) => Some(c), _ => None };
+                    Err(StartError::Exited { status: format!("the fork {}", exit.describe()), code, tail: tail.lines() })
+                }
+                error = parent_exit(parent) => Err(error),
+            }
+        })
+    }
+
+    fn exited(&mut self) -> BoxFuture<'_, Exit> {
+        Box::pin(async move {
+            if let Some(exit) = &self.exit {
+                return exit.clone();
+            }
+            if self.learn_pid().await.is_err() {
+                // It never became a process valve could watch.
+                self.exit = Some(Exit::Unknown);
+                return Exit::Unknown;
+            }
+            if let Some(fd) = &self.pidfd {
+                let _ = fd.readable().await;
+            }
+            // Its last words on the FIFO may trail the exit by a moment.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let said = *self.said_exit.lock().unwrap_or_else(|p| p.into_inner());
+            let exit = said.map(Exit::Code).unwrap_or(Exit::Unknown);
+            self.exit = Some(exit.clone());
+            exit
+        })
+    }
+
+    fn signal(&self, stop: Stop) {
+        if self.exit.is_some() {
+            return;
+        }
+        if let Some(fd) = &self.pidfd {
+            let _ = rustix::process::pidfd_send_signal(fd.get_ref(), super::signal(stop));
+        }
+    }
+
+    fn memory(&self) -> Option<MemoryProbe> {
+        self.pid.map(|pid| MemoryProbe { pid, private_only: true })
     }
 }
 
@@ -119,17 +233,17 @@ async fn start_parent(spec: &Spec, spawner: &Spawner) -> Result<Parent, StartErr
     cmd.env("VALVE_PID", std::process::id().to_string())
         .env("VALVE_START_TIME", own_start_time().unwrap_or_default())
         .stdin(Stdio::piped());
-    let mut child = spawner.spawn(spec, cmd).await?;
+    let mut child = spawner.spawn(&spec.r_bin, cmd).await?;
     let pid = child.id().ok_or_else(|| io::Error::other("the preload parent exited at once"))?;
     let stdin = child.stdin.take().ok_or_else(|| io::Error::other("no stdin for the preload parent"))?;
     let tail = Arc::new(Tail::default());
-    forward_output(&mut child, PARENT_ID, tail.clone());
+    output::forward(&mut child, PARENT_ID, tail.clone());
     let (tx, gone) = watch::channel(None);
     tokio::spawn(async move {
         let status = child.wait().await;
         tokio::time::sleep(Duration::from_millis(50)).await;
         let (status, code) = match status {
-            Ok(s) => (describe(s), s.code()),
+            Ok(s) => (Exit::from_status(s).describe(), s.code()),
             Err(e) => (format!("unknown ({e})"), None),
         };
         tracing::warn!(worker = PARENT_ID, pid, status, "preload parent exited; forked workers keep serving");
@@ -140,43 +254,54 @@ async fn start_parent(spec: &Spec, spawner: &Spawner) -> Result<Parent, StartErr
 }
 
 /// Reads a fork's FIFO: its pid first, then its output lines as log events,
-/// until the fork exits.
+/// and the code it gave `quit()`, until the fork exits.
 async fn fork_output(
     fifo: tokio::net::unix::pipe::Receiver,
     id: WorkerId,
     tail: Arc<Tail>,
     pid_tx: oneshot::Sender<u32>,
+    said_exit: Arc<StdMutex<Option<i32>>>,
 ) {
-    let mut lines = BufReader::new(fifo).lines();
+    let mut reader = BufReader::new(fifo);
     let mut pid = 0;
     let mut pid_tx = Some(pid_tx);
-    let mut exit = None;
+    // The FIFO is open read-write here, so it never reads end-of-file: stop
+    // when the fork is gone instead.
+    let mut gone: Option<AsyncFd<OwnedFd>> = None;
     loop {
-        let line = tokio::select! {
-            line = lines.next_line() => line,
-            _ = async { exit.as_ref().map(|fd: &tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>| fd.readable()).unwrap().await }, if exit.is_some() => return,
+        let line = match &gone {
+            Some(fd) => tokio::select! {
+                line = output::next_line(&mut reader) => line,
+                _ = fd.readable() => {
+                    // Whatever it wrote before it exited is still in the pipe.
+                    while let Ok(Some(line)) = tokio::time::timeout(Duration::from_millis(20), output::next_line(&mut reader)).await {
+                        handle_line(line, id, pid, &tail, &said_exit);
+                    }
+                    return;
+                }
+            },
+            None => output::next_line(&mut reader).await,
         };
-        let Ok(Some(line)) = line else { return };
+        let Some(line) = line else { return };
         if let Some(p) = line.strip_prefix("valve-fork-pid ").and_then(|p| p.trim().parse::<u32>().ok()) {
             pid = p;
-            exit = super::pidfd_open(p).ok();
+            gone = pidfd_open(p).ok();
             if let Some(tx) = pid_tx.take() {
                 let _ = tx.send(p);
             }
             continue;
         }
-        tracing::info!(target: "valve::worker::output", worker = id, pid, stream = "output", "{line}");
-        tail.push(line);
+        handle_line(line, id, pid, &tail, &said_exit);
     }
 }
 
-fn mkfifo(path: &Path) -> io::Result<()> {
-    let c = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    // SAFETY: c is a valid NUL-terminated path.
-    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
-        return Err(io::Error::last_os_error());
+fn handle_line(line: String, id: WorkerId, pid: u32, tail: &Tail, said_exit: &StdMutex<Option<i32>>) {
+    if let Some(code) = line.strip_prefix("valve-fork-exit ").and_then(|c| c.trim().parse::<i32>().ok()) {
+        *said_exit.lock().unwrap_or_else(|p| p.into_inner()) = Some(code);
+        return;
     }
-    Ok(())
+    tracing::info!(target: "valve::worker::output", worker = id, pid, stream = "output", "{line}");
+    tail.push(line);
 }
 
 /// valve's start time in clock ticks since boot (field 22 of /proc/self/stat):

@@ -1,6 +1,7 @@
 # valve worker launcher. valve carries this file inside its binary, writes it to
 # its private run directory and starts `R --file=` on it.
 #
+# VALVE_APP_KIND: plumber-file, plumber-dir, plumber-rds (a saved router) or shiny.
 # VALVE_MODE=plain: load the API and serve it on VALVE_SOCKET.
 # VALVE_MODE=preload: load the API once, then fork a worker for each line
 #   `fork ID SOCKET FIFO` valve writes on stdin; exit when stdin closes.
@@ -50,8 +51,20 @@ local({
   # pr_cookie() unqualified.
   suppressPackageStartupMessages(library(plumber))
 
+  # A router saved with saveRDS() (built in an R session) is read back as is.
+  read_router <- function(path) {
+    r <- readRDS(path)
+    if (!inherits(r, "Plumber")) {
+      stop("'", path, "' holds ", class(r)[1], ", not a plumber router: save one made with pr() or plumb()")
+    }
+    r
+  }
   router <- tryCatch(
-    if (identical(app_kind, "plumber-dir")) plumber::plumb(dir = app_path) else plumber::plumb(app_path),
+    switch(app_kind,
+      "plumber-dir" = plumber::plumb(dir = app_path),
+      "plumber-rds" = read_router(app_path),
+      plumber::plumb(app_path)
+    ),
     error = function(e) fail(4, "the API failed to load: ", conditionMessage(e))
   )
 
@@ -120,8 +133,13 @@ local({
     Sys.setenv(TMPDIR = own_tmp)
     # R's own exit sequence can deadlock in a fork (it waits on threads that were
     # not copied), so quit() and q() end the fork at once.
+    # A fork's exit status goes to its parent, not to valve, so it says it:
+    # valve tells an exit R chose (quit() in an endpoint) from a kill.
     exit_now <- function(save = "default", status = 0, runLast = TRUE) {
-      try(flush(out), silent = TRUE)
+      try({
+        writeLines(paste("valve-fork-exit", as.integer(status)), out)
+        flush(out)
+      }, silent = TRUE)
       parallel:::mcexit(as.integer(status))
     }
     for (name in c("quit", "q")) {

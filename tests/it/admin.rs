@@ -132,6 +132,7 @@ async fn access_log_lines_carry_method_path_status_and_worker() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn dashboard_shows_every_worker_and_updates_live_in_chromium() {
+    crate::harness::need_browser();
     let valve = Valve::start(&["-f", example().to_str().unwrap(), "-n", "3", "--n-min", "3"]);
     let pids: Vec<String> = valve.workers().iter().map(|p| p.to_string()).collect();
     assert_eq!(pids.len(), 3);

@@ -18,15 +18,62 @@ pub fn example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/plumber.R")
 }
 
+/// Fails the test, naming what to install, unless `program` is on the PATH.
+pub fn need_program(program: &str, debian_package: &str) {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()));
+    assert!(
+        found,
+        "this test needs `{program}`, which is not installed: run scripts/install-deps (or apt-get install {debian_package})"
+    );
+}
+
+/// Fails the test, naming the Debian packages to install, unless R has `packages`.
+pub fn need_r_packages(packages: &[&str]) {
+    need_program("Rscript", "r-base-core");
+    let out = Command::new("Rscript")
+        .args(["--vanilla", "-e", "p <- commandArgs(TRUE); cat(p[!vapply(p, requireNamespace, TRUE, quietly = TRUE)])"])
+        .args(packages)
+        .output()
+        .expect("Rscript runs");
+    let missing: Vec<String> = String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect();
+    assert!(
+        missing.is_empty(),
+        "this test needs the R packages {missing:?}: run scripts/install-deps (or apt-get install {})",
+        missing.iter().map(|p| format!("r-cran-{}", p.to_lowercase())).collect::<Vec<_>>().join(" ")
+    );
+}
+
+/// Where an installed R package keeps `what` (e.g. its examples).
+fn r_package_path(package: &str, what: &str) -> PathBuf {
+    need_r_packages(&[package]);
+    let out = Command::new("Rscript")
+        .args(["-e", &format!("cat(system.file({what}, package = '{package}'))")])
+        .output()
+        .expect("Rscript runs");
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(!path.is_empty(), "{package} has no {what}: reinstall r-cran-{package}");
+    PathBuf::from(path)
+}
+
 /// Plumber's own example APIs, as installed with the R package.
 pub fn plumber_example(name: &str) -> PathBuf {
-    let out = Command::new("Rscript")
-        .args(["-e", "cat(system.file('plumber', package = 'plumber'))"])
-        .output()
-        .expect("Rscript runs (install r-base-core r-cran-plumber)");
-    let root = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(!root.is_empty(), "plumber is installed");
-    Path::new(&root).join(name)
+    // Its session examples need these at run time, without naming them.
+    need_r_packages(&["plumber", "base64enc", "sodium"]);
+    r_package_path("plumber", "'plumber'").join(name)
+}
+
+/// Shiny's own example apps, as installed with the R package.
+pub fn shiny_example(name: &str) -> String {
+    r_package_path("shiny", "'examples'").join(name).display().to_string()
+}
+
+/// Fails the test, naming what to install, unless a headless browser can run.
+pub fn need_browser() {
+    need_program("node", "nodejs");
+    need_program("chromium", "chromium");
+    let playwright = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/node_modules/playwright-core");
+    assert!(playwright.is_dir(), "this test needs playwright-core: run scripts/install-deps (npm ci in tests/browser)");
 }
 
 /// Polls `cond` every 20 ms until it holds or `deadline` passes.
@@ -93,7 +140,6 @@ fn spawn(args: &[&str], envs: &[(&str, &str)]) -> Child {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_valve"));
     cmd.args(args)
         .env("VALVE_LOG", "info")
-        .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -265,6 +311,7 @@ pub struct Plumber {
 impl Plumber {
     /// `target` is a plumber file, or a directory for `plumb(dir = )`.
     pub fn start(target: &Path) -> Plumber {
+        need_r_packages(&["plumber"]);
         // A port from `free_port` is free only until R binds it, and tests run in
         // parallel: a valve started meanwhile may take it. So the port counts only
         // once this very process listens on it; otherwise try another.

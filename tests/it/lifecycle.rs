@@ -33,7 +33,7 @@ fn missing_file_is_one_line_and_exit_2() {
     let out = Valve::run_to_exit(&["-f", "/nonexistent/plumber.R", "--port", "0"], Duration::from_secs(10));
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
-    assert!(out.stderr.contains("API file not found: /nonexistent/plumber.R"), "{}", out.stderr);
+    assert!(out.stderr.contains("app not found: /nonexistent/plumber.R"), "{}", out.stderr);
 }
 
 #[test]
@@ -46,7 +46,7 @@ fn an_api_that_fails_to_load_exits_with_rs_message_and_leaves_nothing() {
         Duration::from_secs(30),
     );
     assert_eq!(out.status.code(), Some(1));
-    assert!(out.stderr.contains("the API could not start"), "{}", out.stderr);
+    assert!(out.stderr.contains("could not start"), "{}", out.stderr);
     assert!(out.stderr.contains("unexpected"), "R's own parse error is shown: {}", out.stderr);
     assert!(out.stderr.contains("hint: "), "{}", out.stderr);
     assert!(out.elapsed < Duration::from_secs(15), "no restart loop: took {:?}", out.elapsed);

@@ -4,17 +4,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::harness::{pid_alive, wait_until, Valve};
-
-fn shiny_example(name: &str) -> String {
-    let out = Command::new("Rscript")
-        .args(["-e", &format!("cat(system.file('examples', '{name}', package = 'shiny'))")])
-        .output()
-        .expect("Rscript runs (install r-cran-shiny)");
-    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(!path.is_empty(), "shiny's example {name} is installed");
-    path
-}
+use crate::harness::{need_browser, need_program, pid_alive, shiny_example, wait_until, Valve};
 
 fn browser_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
@@ -22,6 +12,7 @@ fn browser_dir() -> std::path::PathBuf {
 
 /// Runs tests/browser/shiny.mjs and returns its output, failing the test if it fails.
 fn drive(mode: &str, url: &str, extra: &[&str]) -> String {
+    need_browser();
     let out = Command::new("node")
         .arg("shiny.mjs")
         .arg(mode)
@@ -64,6 +55,7 @@ fn downloads_arrive_whole() {
 
 #[test]
 fn a_reload_survives_the_death_of_the_sessions_worker() {
+    need_browser();
     let valve = Valve::start(&["-f", &shiny_example("01_hello"), "--no-access-log"]);
     let mut node = Command::new("node")
         .args(["shiny.mjs", "survive", &valve.url])
@@ -90,6 +82,7 @@ fn a_page_asked_for_as_its_worker_dies_is_served_by_another() {
     // The worker takes the connection and dies before answering (stopped, then
     // killed, so the race the page load meets in real life happens every time):
     // the page load must get the app from a new worker, not a 502.
+    need_program("curl", "curl");
     let valve = Valve::start(&["-f", &shiny_example("01_hello"), "--no-access-log"]);
     let victim = valve.workers()[0];
     unsafe { libc::kill(victim as i32, libc::SIGSTOP) };
@@ -113,5 +106,5 @@ fn sessions_are_counted_in_metrics_and_status() {
     drive("hello", &valve.url, &[]);
     let metrics = Command::new("curl").args(["-s", &valve.get("/__valve__/metrics")]).output().unwrap();
     let text = String::from_utf8_lossy(&metrics.stdout);
-    assert!(text.contains("valve_sessions_total 1"), "{text}");
+    assert!(text.contains("valve_shiny_sessions_opened_total{app=\"01_hello\"} 1"), "{text}");
 }

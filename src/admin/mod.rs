@@ -1,0 +1,174 @@
+//! valve's own pages under `/__valve__/`: liveness, readiness, Prometheus
+//! metrics, a JSON status and a live dashboard. Never forwarded to R, and
+//! none of them asks R anything (memory is what each worker's task sampled),
+//! so a long computation cannot fail a probe.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{Response, StatusCode};
+use tokio_util::sync::CancellationToken;
+
+use crate::app::Fleet;
+use crate::config::Config;
+use crate::http::reply::{error, redirect, text, ReplyBody};
+use crate::http::router::Router;
+use crate::metrics::{Gauges, Registry};
+
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+/// valve's own path prefix; never forwarded to R.
+pub const PREFIX: &str = "/__valve__";
+
+pub struct Admin {
+    router: Arc<Router>,
+    fleet: Arc<Fleet>,
+    registry: Arc<Registry>,
+    /// Fired when a stop was asked for: readiness turns 503.
+    stopping: CancellationToken,
+    started: Instant,
+    config: serde_json::Value,
+}
+
+/// Whether a path is one of valve's own (`/__valve__` or below it).
+pub fn is_admin_path(path: &str) -> bool {
+    path.strip_prefix(PREFIX).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+impl Admin {
+    pub fn new(
+        router: Arc<Router>,
+        fleet: Arc<Fleet>,
+        registry: Arc<Registry>,
+        config: &Config,
+        stopping: CancellationToken,
+    ) -> Arc<Self> {
+        let secs = |d: std::time::Duration| d.as_secs_f64();
+        let s = &config.server;
+        let first = config.apps.first();
+        let config = serde_json::json!({
+            "host": s.host,
+            "port": s.port,
+            "threads": s.threads,
+            "max_workers": s.max_workers,
+            "graceful_timeout_s": secs(s.graceful_timeout),
+            "drain_delay_s": secs(s.drain_delay),
+            "check_unused_s": secs(s.check_unused),
+            // The first app's settings, as with one app (-f).
+            "app": first.map(|a| a.source.path()),
+            "n_min": first.map(|a| a.n_min),
+            "n_max": first.map(|a| a.n_max),
+            "preload": first.map(|a| a.preload),
+            "max_age_s": first.map(|a| secs(a.max_age)),
+            "request_timeout_s": first.and_then(|a| a.request_timeout.map(secs)),
+            "queue_size": first.map(|a| a.queue_size),
+            "queue_timeout_s": first.map(|a| secs(a.queue_timeout)),
+            "max_body_size": first.map(|a| a.max_body_size),
+            "max_requests": first.and_then(|a| a.max_requests),
+            "max_worker_memory": first.and_then(|a| a.max_worker_memory),
+            "max_sessions": first.map(|a| a.max_sessions),
+        });
+        Arc::new(Admin { router, fleet, registry, stopping, started: Instant::now(), config })
+    }
+
+    /// Every app's gauges, by name (an app's generations added up).
+    fn gauges(&self) -> BTreeMap<String, Gauges> {
+        let mut out: BTreeMap<String, Gauges> = BTreeMap::new();
+        for m in self.router.current().apps() {
+            let entry = out.entry(m.config.name.clone()).or_default();
+            for sup in std::iter::once(&m.sup).chain(m.older.iter()) {
+                entry.add(&sup.gauges());
+            }
+        }
+        out
+    }
+
+    /// Whether every app can serve, and valve is not stopping.
+    pub fn ready(&self) -> bool {
+        !self.stopping.is_cancelled() && self.router.current().apps().iter().all(|m| m.sup.ready())
+    }
+
+    /// Answers a path for which `is_admin_path` holds.
+    pub fn handle(&self, path: &str) -> Response<ReplyBody> {
+        let plain = "text/plain; charset=utf-8";
+        match path.strip_prefix(PREFIX).unwrap_or("") {
+            "" => redirect(&format!("{PREFIX}/")),
+            "/healthz" => text(StatusCode::OK, plain, "ok\n"),
+            "/readyz" => {
+                if self.stopping.is_cancelled() {
+                    text(StatusCode::SERVICE_UNAVAILABLE, plain, "draining\n")
+                } else if self.ready() {
+                    text(StatusCode::OK, plain, "ready\n")
+                } else {
+                    text(StatusCode::SERVICE_UNAVAILABLE, plain, "workers are starting\n")
+                }
+            }
+            "/metrics" => {
+                let body = self.registry.render(&self.gauges(), self.fleet.processes(), self.fleet.max_workers());
+                text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", body)
+            }
+            "/status" => text(StatusCode::OK, "application/json", self.status().to_string()),
+            "/" => text(StatusCode::OK, "text/html; charset=utf-8", DASHBOARD),
+            _ => error(StatusCode::NOT_FOUND, "no such valve path; try /__valve__/ for the dashboard"),
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let table = self.router.current();
+        let mut apps = Vec::new();
+        let mut all_workers = Vec::new();
+        let mut total = Gauges::default();
+        for m in table.apps() {
+            let mut workers = Vec::new();
+            let mut g = Gauges::default();
+            for sup in std::iter::once(&m.sup).chain(m.older.iter()) {
+                let status = sup.status();
+                g.add(&status.gauges);
+                for w in status.workers {
+                    let mut w = serde_json::to_value(&w).unwrap_or_default();
+                    w["app"] = m.config.name.clone().into();
+                    workers.push(w);
+                }
+            }
+            total.add(&g);
+            all_workers.extend(workers.iter().cloned());
+            let c = &m.config;
+            apps.push(serde_json::json!({
+                "name": c.name,
+                "path": c.prefix,
+                "hostname": c.hostname,
+                "kind": if c.is_shiny() { "shiny" } else { "plumber" },
+                "file": c.source.path(),
+                "preload": c.preload,
+                "ready": m.sup.ready(),
+                "generations": 1 + m.older.len(),
+                "pool": { "starting": g.starting, "idle": g.idle, "busy": g.busy, "draining": g.draining,
+                          "n_min": c.n_min, "n_max": c.n_max },
+                "queue": { "waiting": g.queued, "limit": c.queue_size, "timeout_s": c.queue_timeout.as_secs_f64() },
+                "sessions": g.sessions,
+                "saturation": g.saturation(),
+                "workers": workers,
+                "history": m.sup.metrics.history(),
+            }));
+        }
+        let first = table.apps().first();
+        serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "draining": self.stopping.is_cancelled(),
+            "ready": self.ready(),
+            "max_workers": self.fleet.max_workers(),
+            "r_processes": self.fleet.processes(),
+            "workers": all_workers,
+            "pool": { "starting": total.starting, "idle": total.idle, "busy": total.busy, "draining": total.draining,
+                      "n_min": first.map(|m| m.config.n_min), "n_max": first.map(|m| m.config.n_max) },
+            "queue": { "waiting": total.queued,
+                       "limit": first.map(|m| m.config.queue_size),
+                       "timeout_s": first.map(|m| m.config.queue_timeout.as_secs_f64()) },
+            "history": first.map(|m| m.sup.metrics.history()).unwrap_or_default(),
+            "apps": apps,
+            "config": self.config,
+        })
+    }
+}

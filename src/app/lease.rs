@@ -1,0 +1,140 @@
+//! A `Lease`: one plumber worker, busy for one request. The only way to reach
+//! a plumber worker; the pool hands a worker to at most one lease at a time.
+//!
+//! A lease gives its worker back through `Home` (the supervisor implements
+//! it), so this module and the supervisor do not import each other. How it
+//! comes back depends on how far the exchange got: untouched, answered (with
+//! its connection, if it can serve another request), broken (the worker is
+//! retired before anything else can be given to it), or abandoned mid-request
+//! (the worker stays busy until R has finished, then comes back).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::pool::{Retire, WorkerId};
+use crate::worker::{Conn, Connect, Exit};
+
+/// How a lease's worker comes back.
+pub enum Returned {
+    /// Nothing was asked of it (its client left before sending).
+    Unused(Option<Conn>),
+    /// It answered; the connection comes back if it can serve another request.
+    Answered(Option<Conn>),
+    /// It broke off an exchange, hung or could not be reached: retire it.
+    Broken(Retire),
+    /// Its client left while R worked on the request: it is busy until R is done.
+    Abandoned(Option<Arc<dyn Connect>>),
+}
+
+/// Where a lease's worker goes back to.
+pub trait Home: Send + Sync {
+    fn give_back(&self, worker: WorkerId, returned: Returned);
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Nothing sent yet.
+    Fresh,
+    /// A request was sent and its answer is not complete.
+    Sent,
+    /// The answer is complete.
+    Answered { reusable: bool },
+    /// The worker failed: it is retired when the lease is dropped.
+    Broken(Retire),
+}
+
+/// One worker, busy for one request, until the lease is dropped.
+pub struct Lease {
+    home: Arc<dyn Home>,
+    pub worker: WorkerId,
+    connector: Option<Arc<dyn Connect>>,
+    conn: Option<Conn>,
+    /// The worker's exit, once its watcher has seen it.
+    exit: watch::Receiver<Option<Exit>>,
+    /// How long the request waited in the queue for this worker.
+    pub waited: Duration,
+    stage: Stage,
+    /// False once taken apart without going back through `Home`.
+    armed: bool,
+}
+
+impl Lease {
+    pub(super) fn new(
+        home: Arc<dyn Home>,
+        worker: WorkerId,
+        connector: Option<Arc<dyn Connect>>,
+        conn: Option<Conn>,
+        exit: watch::Receiver<Option<Exit>>,
+    ) -> Lease {
+        Lease { home, worker, connector, conn, exit, waited: Duration::ZERO, stage: Stage::Fresh, armed: true }
+    }
+
+    /// Takes the lease apart without giving the worker back: the supervisor
+    /// does, when a waiter left just as its lease was sent (it holds the lock
+    /// that giving back would take).
+    pub(super) fn disarm(mut self) -> Option<Conn> {
+        self.armed = false;
+        self.conn.take()
+    }
+
+    /// Makes sure the lease holds a ready connection: the kept one, or a fresh
+    /// one. Nothing has been sent when this fails, so the request may go elsewhere.
+    pub async fn connect(&mut self) -> std::io::Result<()> {
+        if let Some(conn) = self.conn.as_mut() {
+            if conn.ready().await.is_ok() {
+                return Ok(());
+            }
+        }
+        self.conn = None;
+        let connector = self.connector.clone().ok_or_else(|| std::io::Error::other("the worker is gone"))?;
+        let mut conn = connector.connect(false).await?;
+        conn.ready().await.map_err(std::io::Error::other)?;
+        self.conn = Some(conn);
+        Ok(())
+    }
+
+    /// Sends the request on the connection `connect` made ready. From now on,
+    /// a lease dropped before `answered` leaves its worker busy until R is done.
+    pub async fn send(
+        &mut self,
+        req: http::Request<crate::worker::WireBody>,
+    ) -> Result<http::Response<hyper::body::Incoming>, String> {
+        let conn = self.conn.as_mut().ok_or_else(|| "not connected".to_string())?;
+        self.stage = Stage::Sent;
+        conn.send(req).await.map_err(|e| e.to_string())
+    }
+
+    /// The answer is complete; `reusable` if the connection can serve again.
+    pub fn answered(&mut self, reusable: bool) {
+        self.stage = Stage::Answered { reusable };
+    }
+
+    /// The worker failed: it is taken out of service when the lease drops,
+    /// before it could be handed to anyone else.
+    pub fn broken(&mut self, reason: Retire) {
+        self.stage = Stage::Broken(reason);
+    }
+
+    /// How the worker ended, if it has within `wait` (after an exchange broke off).
+    pub async fn exit_within(&mut self, wait: Duration) -> Option<Exit> {
+        let _ = tokio::time::timeout(wait, self.exit.wait_for(Option::is_some)).await;
+        self.exit.borrow().clone()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let returned = match self.stage {
+            Stage::Fresh => Returned::Unused(self.conn.take()),
+            Stage::Sent => Returned::Abandoned(self.connector.take()),
+            Stage::Answered { reusable } => Returned::Answered(if reusable { self.conn.take() } else { None }),
+            Stage::Broken(reason) => Returned::Broken(reason),
+        };
+        self.home.give_back(self.worker, returned);
+    }
+}

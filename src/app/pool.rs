@@ -1,0 +1,981 @@
+//! One app's pool: which workers exist, what state each is in, who waits for
+//! one, and every rule about them: which idle worker takes a request, when to
+//! grow or shrink, when a worker has served its share or grown too big, which
+//! worker takes a new Shiny session, when an idle worker is due a liveness
+//! probe, and how long to wait before restarting after failed starts.
+//!
+//! Pure logic: no processes, no sockets, no clocks of its own (callers pass
+//! `now`), no knowledge of other apps (callers pass the budget's `room`), so
+//! every decision is unit-tested. The pool decides; the supervisor carries out.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use crate::worker::WorkerId;
+
+/// Where a worker is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Launched (or waiting to be launched) but not yet answering.
+    Starting,
+    /// Answering and free to take a request (a Shiny worker: taking sessions).
+    Idle,
+    /// Serving a request; never given a second one.
+    Busy,
+    /// Answering a liveness probe; given nothing else meanwhile.
+    Probing,
+    /// Shiny: past a limit; serves the sessions it has, takes no new ones,
+    /// and stops when the last one ends.
+    Draining,
+    /// Asked to stop; takes nothing more.
+    Stopping,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Starting => "starting",
+            State::Idle => "idle",
+            State::Busy => "busy",
+            State::Probing => "probing",
+            State::Draining => "draining",
+            State::Stopping => "stopping",
+        }
+    }
+
+    /// Whether the worker answers requests now.
+    pub fn answering(self) -> bool {
+        matches!(self, State::Idle | State::Busy | State::Probing | State::Draining)
+    }
+}
+
+/// Why a worker is taken out of service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retire {
+    /// Unused for longer than `max_age`.
+    Idle,
+    /// Served its share of requests (`--max-requests`).
+    Requests,
+    /// Grew past `--max-worker-memory`.
+    Memory,
+    /// A request took longer than `--request-timeout`.
+    Timeout,
+    /// It broke off an exchange, or its socket refused a connection.
+    Broken,
+    /// An idle worker that did not answer a liveness probe.
+    Unresponsive,
+    /// Another app needed its place in the worker budget.
+    Budget,
+    /// Its app is being replaced or removed, or valve is stopping.
+    Shutdown,
+}
+
+impl Retire {
+    /// Whether the worker gets SIGTERM and time to finish (a planned stop), or SIGKILL.
+    pub fn gentle(self) -> bool {
+        matches!(self, Retire::Idle | Retire::Requests | Retire::Memory | Retire::Budget | Retire::Shutdown)
+    }
+}
+
+/// What the pool knows of one worker.
+#[derive(Clone, Debug)]
+pub struct Slot {
+    pub state: State,
+    /// When the worker last finished a request (or became ready).
+    pub last_used: Instant,
+    pub created: Instant,
+    /// When it answered its readiness probe.
+    pub ready_at: Option<Instant>,
+    pub served: u64,
+    /// The worker finished a request or opened a Shiny session: it works, so
+    /// its death is not a failed start (crash-loop backoff ignores it).
+    pub proven: bool,
+    /// Requests after which the worker is replaced (`--max-requests` plus jitter).
+    pub limit: Option<u64>,
+    /// Its memory at the last sample, in bytes.
+    pub memory: Option<u64>,
+    /// Past `--max-worker-memory` while busy: retired when its request ends.
+    pub over_memory: bool,
+    /// Why it is stopping, once it is.
+    pub retired: Option<Retire>,
+    /// Shiny sessions the worker holds (open WebSockets). A worker with
+    /// sessions is never pruned.
+    pub sessions: usize,
+    /// Browsers sent to this worker whose WebSocket has not opened yet.
+    pub pending: VecDeque<Pending>,
+}
+
+/// A browser placed on a worker, on its way to opening a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pending {
+    /// The browser's token (in its sticky cookie).
+    pub token: u64,
+    /// When it was placed, or last came back (for the page's assets).
+    pub at: Instant,
+}
+
+impl Slot {
+    fn new(now: Instant, limit: Option<u64>) -> Self {
+        Slot {
+            state: State::Starting,
+            last_used: now,
+            created: now,
+            ready_at: None,
+            served: 0,
+            proven: false,
+            limit,
+            memory: None,
+            over_memory: false,
+            retired: None,
+            sessions: 0,
+            pending: VecDeque::new(),
+        }
+    }
+
+    fn forget_stale(&mut self, now: Instant) {
+        self.pending.retain(|p| now.duration_since(p.at) < PENDING_FOR);
+    }
+
+    /// Sessions plus every browser on its way: how placements are spread.
+    fn load(&self, now: Instant) -> usize {
+        self.sessions + self.pending.iter().filter(|p| now.duration_since(p.at) < PENDING_FOR).count()
+    }
+}
+
+/// How long a browser placed on a Shiny worker counts against it since it
+/// was placed or last came back (for the page's assets), before its WebSocket opens.
+pub const PENDING_FOR: Duration = Duration::from_secs(30);
+/// The first and the longest pause before restarting a worker that failed to start.
+pub const BACKOFF_FIRST: Duration = Duration::from_millis(250);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// A worker that dies sooner than this after it became ready, before finishing a
+/// request, counts as a failed start.
+pub const CRASH_WINDOW: Duration = Duration::from_secs(5);
+/// Failed starts further apart than this do not add up to a crash loop.
+pub const FAILURE_MEMORY: Duration = Duration::from_secs(60);
+
+/// One app's rules.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub n_min: usize,
+    pub n_max: usize,
+    /// Replace a worker after about this many requests.
+    pub max_requests: Option<u64>,
+    /// Replace a worker whose memory passes this many bytes.
+    pub max_memory: Option<u64>,
+    /// Shiny: sessions per worker.
+    pub max_sessions: usize,
+}
+
+/// Worker ids, unique across every app of one valve run (sticky cookies name them).
+#[derive(Clone, Debug, Default)]
+pub struct Ids(Arc<AtomicU64>);
+
+impl Ids {
+    fn next(&self) -> WorkerId {
+        self.0.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+/// How a worker comes back to the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Done {
+    /// It answered its readiness probe.
+    Ready,
+    /// It finished a request.
+    Completed,
+    /// It answered a liveness probe.
+    Probed,
+    /// It was handed to a waiter that had already left: nothing was asked of it.
+    Unused,
+}
+
+/// The result of returning a worker to the pool.
+#[derive(Debug)]
+pub enum Release<W> {
+    /// The worker stays busy and goes straight to this waiter.
+    Handoff(W),
+    /// Nobody waits: the worker is idle now.
+    Idle,
+    /// The worker is no longer in service (it exited or is stopping).
+    Gone,
+    /// The worker is taken out of service now (its share of requests, its memory).
+    Retire(Retire),
+}
+
+/// Workers to start, and how long to wait first (crash-loop backoff).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Start {
+    pub ids: Vec<WorkerId>,
+    pub delay: Duration,
+}
+
+/// Up to 10% more requests for some workers than others, spread by worker id,
+/// so that workers started together are not all replaced together.
+fn jittered(max_requests: u64, id: WorkerId) -> u64 {
+    let mut x = id.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    max_requests + x % (max_requests / 10 + 1)
+}
+
+/// The pool of workers and the FIFO queue of requests waiting for one.
+/// `W` is whatever a waiter is to the caller (a channel in valve, a number in tests).
+#[derive(Debug)]
+pub struct Pool<W> {
+    limits: Limits,
+    ids: Ids,
+    slots: BTreeMap<WorkerId, Slot>,
+    queue: VecDeque<W>,
+    /// Shiny browsers waiting for a place (they wait outside the queue).
+    session_demand: usize,
+    /// Workers in a row that died before or right after answering, and when
+    /// the last did; drives the restart backoff.
+    failed_starts: u32,
+    last_failure: Option<Instant>,
+}
+
+impl<W> Pool<W> {
+    pub fn new(limits: Limits, ids: Ids) -> Self {
+        assert!(limits.n_min <= limits.n_max && limits.n_max >= 1, "limits are checked by config");
+        Pool {
+            limits,
+            ids,
+            slots: BTreeMap::new(),
+            queue: VecDeque::new(),
+            session_demand: 0,
+            failed_starts: 0,
+            last_failure: None,
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    pub fn slot(&self, id: WorkerId) -> Option<&Slot> {
+        self.slots.get(&id)
+    }
+
+    pub fn slots(&self) -> impl Iterator<Item = (WorkerId, &Slot)> {
+        self.slots.iter().map(|(id, s)| (*id, s))
+    }
+
+    pub fn queue_len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn count(&self, state: State) -> usize {
+        self.slots.values().filter(|s| s.state == state).count()
+    }
+
+    /// Workers that count towards `n_min` and `n_max`: all but those stopping
+    /// or draining (a draining Shiny worker takes no new sessions).
+    pub fn live(&self) -> usize {
+        self.slots.values().filter(|s| !matches!(s.state, State::Stopping | State::Draining)).count()
+    }
+
+    /// Worker processes that exist, stopping ones included: what the budget counts.
+    pub fn processes(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Workers answering now.
+    pub fn answering(&self) -> usize {
+        self.slots.values().filter(|s| s.state.answering()).count()
+    }
+
+    /// Open Shiny sessions across the pool.
+    pub fn sessions(&self) -> usize {
+        self.slots.values().map(|s| s.sessions).sum()
+    }
+
+    /// How long to wait before the next start: 0, or 250 ms doubling to 30 s
+    /// while failed starts keep coming less than a minute apart.
+    pub fn backoff(&self, now: Instant) -> Duration {
+        let recent = self.last_failure.is_some_and(|t| now.duration_since(t) < FAILURE_MEMORY);
+        match self.failed_starts {
+            n if n > 0 && recent => BACKOFF_FIRST.saturating_mul(1 << (n - 1).min(16)).min(BACKOFF_MAX),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Whether the app is in a crash loop: its last start failed recently.
+    pub fn crash_looping(&self, now: Instant) -> bool {
+        !self.backoff(now).is_zero()
+    }
+
+    fn record_failed_start(&mut self, now: Instant) {
+        let recent = self.last_failure.is_some_and(|t| now.duration_since(t) < FAILURE_MEMORY);
+        self.failed_starts = if recent { self.failed_starts.saturating_add(1) } else { 1 };
+        self.last_failure = Some(now);
+    }
+
+    /// How many workers the pool would start now if the budget allowed: enough
+    /// for `n_min`, and one per waiter not covered by workers already starting,
+    /// never above `n_max`.
+    pub fn wants(&self) -> usize {
+        let live = self.live();
+        let starting = self.count(State::Starting);
+        let for_min = self.limits.n_min.saturating_sub(live);
+        let waiting = self.queue.len() + self.session_demand;
+        let for_queue = waiting.saturating_sub(starting);
+        for_min.max(for_queue).min(self.limits.n_max.saturating_sub(live))
+    }
+
+    /// Starts up to `room` of the workers the pool wants (the budget across
+    /// apps says how many it may).
+    pub fn grow(&mut self, now: Instant, room: usize) -> Start {
+        let n = self.wants().min(room);
+        let ids = (0..n)
+            .map(|_| {
+                let id = self.ids.next();
+                let limit = self.limits.max_requests.map(|n| jittered(n, id));
+                self.slots.insert(id, Slot::new(now, limit));
+                id
+            })
+            .collect();
+        Start { ids, delay: self.backoff(now) }
+    }
+
+    /// Takes an idle worker for a request, if there is one. The most recently
+    /// used idle worker is chosen, so that a quiet pool keeps a warm core and the
+    /// rest age out and get pruned.
+    pub fn checkout(&mut self) -> Option<WorkerId> {
+        let (&id, slot) = self
+            .slots
+            .iter_mut()
+            .filter(|(_, s)| s.state == State::Idle)
+            .max_by_key(|(id, s)| (s.last_used, std::cmp::Reverse(**id)))?;
+        slot.state = State::Busy;
+        slot.served += 1;
+        Some(id)
+    }
+
+    /// Queues a waiter (after `checkout` found no idle worker).
+    pub fn enqueue(&mut self, waiter: W) {
+        self.queue.push_back(waiter);
+    }
+
+    /// Drops waiters the caller no longer wants (clients that went away).
+    pub fn retain_waiters(&mut self, keep: impl FnMut(&W) -> bool) {
+        self.queue.retain(keep);
+    }
+
+    /// A worker comes back: ready for the first time, done with a request or
+    /// a probe, or never used by the waiter it was handed to. It goes to the
+    /// first waiter still waiting (`waiting` tells), or becomes idle, or, past
+    /// its share of requests or its memory, is retired.
+    pub fn release(&mut self, id: WorkerId, now: Instant, done: Done, waiting: impl Fn(&W) -> bool) -> Release<W> {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return Release::Gone;
+        };
+        if matches!(slot.state, State::Stopping | State::Draining) {
+            return Release::Gone;
+        }
+        match done {
+            Done::Ready => {
+                slot.ready_at = Some(now);
+                slot.last_used = now;
+            }
+            Done::Completed => {
+                slot.proven = true;
+                slot.last_used = now;
+            }
+            Done::Unused => slot.served = slot.served.saturating_sub(1),
+            Done::Probed => {}
+        }
+        let retire = if slot.over_memory {
+            Some(Retire::Memory)
+        } else if slot.limit.is_some_and(|limit| slot.served >= limit) {
+            Some(Retire::Requests)
+        } else {
+            None
+        };
+        if let Some(reason) = retire {
+            slot.state = State::Stopping;
+            slot.retired = Some(reason);
+            return Release::Retire(reason);
+        }
+        while let Some(waiter) = self.queue.pop_front() {
+            if waiting(&waiter) {
+                slot.state = State::Busy;
+                slot.served += 1;
+                return Release::Handoff(waiter);
+            }
+        }
+        slot.state = State::Idle;
+        Release::Idle
+    }
+
+    /// A worker failed to start, or its process is gone (crashed, stopped).
+    /// Counts a failed start when it died before or soon after it became
+    /// ready without having done anything, unless valve stopped it.
+    pub fn exited(&mut self, id: WorkerId, now: Instant) {
+        let Some(slot) = self.slots.remove(&id) else { return };
+        let planned = slot.retired.is_some_and(Retire::gentle);
+        let early = slot.ready_at.is_none_or(|t| now.duration_since(t) < CRASH_WINDOW);
+        if !planned && !slot.proven && early {
+            self.record_failed_start(now);
+        }
+    }
+
+    /// Takes a worker out of service now. Returns false if it was not in service.
+    pub fn retire(&mut self, id: WorkerId, reason: Retire) -> bool {
+        match self.slots.get_mut(&id) {
+            Some(slot) if slot.state != State::Stopping => {
+                slot.state = State::Stopping;
+                slot.retired = Some(reason);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Idle workers unused for longer than `max_age`, oldest first, never taking
+    /// the pool below `n_min`. They are retired.
+    pub fn prune(&mut self, now: Instant, max_age: Duration) -> Vec<WorkerId> {
+        let mut stale: Vec<(Instant, WorkerId)> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.state == State::Idle && s.load(now) == 0 && now.duration_since(s.last_used) > max_age)
+            .map(|(id, s)| (s.last_used, *id))
+            .collect();
+        stale.sort();
+        let spare = self.live().saturating_sub(self.limits.n_min);
+        stale.truncate(spare);
+        stale.into_iter().map(|(_, id)| id).filter(|id| self.retire(*id, Retire::Idle)).collect()
+    }
+
+    /// The idle worker another app may take the place of (the budget across
+    /// apps is spent): the one idle longest, if taking it keeps `n_min`.
+    pub fn spare(&self, now: Instant) -> Option<(WorkerId, Instant)> {
+        if self.live() <= self.limits.n_min {
+            return None;
+        }
+        self.slots
+            .iter()
+            .filter(|(_, s)| s.state == State::Idle && s.load(now) == 0)
+            .min_by_key(|(id, s)| (s.last_used, **id))
+            .map(|(id, s)| (*id, s.last_used))
+    }
+
+    /// A memory sample. A worker past the limit is retired now if idle, after
+    /// its request if busy, or (Shiny, with sessions) drained.
+    pub fn sampled(&mut self, id: WorkerId, bytes: u64) -> Option<Retire> {
+        let over = self.limits.max_memory.is_some_and(|max| bytes > max);
+        let slot = self.slots.get_mut(&id)?;
+        slot.memory = Some(bytes);
+        if !over {
+            return None;
+        }
+        match slot.state {
+            State::Idle if slot.sessions == 0 && slot.pending.is_empty() => {
+                self.retire(id, Retire::Memory).then_some(Retire::Memory)
+            }
+            State::Idle => {
+                slot.state = State::Draining;
+                slot.retired = Some(Retire::Memory);
+                None
+            }
+            State::Busy | State::Probing => {
+                slot.over_memory = true;
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// Idle workers unused for `every` that are due a liveness probe; they are
+    /// marked probing, so nothing else is given to them meanwhile.
+    pub fn due_for_probe(&mut self, now: Instant, every: Duration) -> Vec<WorkerId> {
+        let mut due = Vec::new();
+        for (id, slot) in self.slots.iter_mut() {
+            // A Shiny worker with sessions proves itself by serving them.
+            if slot.state == State::Idle && slot.sessions == 0 && now.duration_since(slot.last_used) >= every {
+                slot.state = State::Probing;
+                due.push(*id);
+            }
+        }
+        due
+    }
+
+    /// Chooses the worker for a new Shiny session (the browser's `token` goes
+    /// in its sticky cookie): the ready worker holding the fewest sessions,
+    /// browsers on their way included, below `max_sessions`. When none has
+    /// room and the pool can still grow (or a worker is starting), `None`: the
+    /// caller waits for the new worker (see `wants`, `session_wanted`). At
+    /// `n_max`, browsers on their way no longer hold places: the worker with the
+    /// fewest open sessions below `max_sessions` takes it, so page loads that
+    /// never open a session (a crawler, an attack) lock nobody out. `None`
+    /// then only when every worker holds `max_sessions` open sessions.
+    pub fn pick_for_session(&mut self, now: Instant, token: u64) -> Option<WorkerId> {
+        let max = self.limits.max_sessions;
+        let with_room = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.state == State::Idle && s.load(now) < max)
+            .min_by_key(|(id, s)| (s.load(now), **id))
+            .map(|(id, _)| *id);
+        let can_grow = self.live() < self.limits.n_max || self.count(State::Starting) > 0;
+        let id = match with_room {
+            Some(id) => id,
+            None if can_grow => return None,
+            None => self
+                .slots
+                .iter()
+                .filter(|(_, s)| s.state == State::Idle && s.sessions < max)
+                .min_by_key(|(id, s)| (s.sessions, s.load(now), **id))
+                .map(|(id, _)| *id)?,
+        };
+        let slot = self.slots.get_mut(&id)?;
+        slot.forget_stale(now);
+        // Bounded: a flood of page loads only replaces its own oldest entries.
+        if slot.pending.len() >= max.saturating_mul(2).max(8) {
+            slot.pending.pop_front();
+        }
+        slot.pending.push_back(Pending { token, at: now });
+        Some(id)
+    }
+
+    /// A browser waits for a place (all workers full): the pool wants a worker for it.
+    pub fn session_wanted(&mut self) {
+        self.session_demand += 1;
+    }
+
+    /// A browser that waited for a place got one or gave up.
+    pub fn session_served(&mut self) {
+        self.session_demand = self.session_demand.saturating_sub(1);
+    }
+
+    /// A Shiny session's WebSocket opened on a worker, from the browser with `token`.
+    pub fn session_opened(&mut self, id: WorkerId, now: Instant, token: Option<u64>) {
+        if let Some(slot) = self.slots.get_mut(&id) {
+            slot.sessions += 1;
+            slot.proven = true;
+            if let Some(i) = slot.pending.iter().position(|p| Some(p.token) == token) {
+                slot.pending.remove(i);
+            }
+            slot.last_used = now;
+        }
+    }
+
+    /// A Shiny session ended.
+    pub fn session_closed(&mut self, id: WorkerId, now: Instant) {
+        if let Some(slot) = self.slots.get_mut(&id) {
+            slot.sessions = slot.sessions.saturating_sub(1);
+            slot.last_used = now;
+        }
+    }
+
+    /// Draining Shiny workers whose last session ended and whose traffic has
+    /// been quiet for `quiet`: they are retired now (returned with the reason
+    /// they drained for).
+    pub fn drained(&mut self, now: Instant, quiet: Duration) -> Vec<(WorkerId, Retire)> {
+        let done: Vec<(WorkerId, Retire)> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.state == State::Draining && s.sessions == 0 && now.duration_since(s.last_used) >= quiet)
+            .map(|(id, s)| (*id, s.retired.unwrap_or(Retire::Requests)))
+            .collect();
+        done.into_iter().filter(|(id, reason)| self.retire(*id, *reason)).collect()
+    }
+
+    /// Counts one HTTP request on a Shiny worker (they share workers freely)
+    /// from the browser with `token`, whose place it confirms and refreshes.
+    /// `Some(true)`: the worker serves it and has now served its share, so it
+    /// takes no new sessions. `None`: the worker does not serve (gone, stopping).
+    pub fn touch(&mut self, id: WorkerId, now: Instant, token: Option<u64>) -> Option<bool> {
+        let slot = self.slots.get_mut(&id)?;
+        if !matches!(slot.state, State::Idle | State::Draining) {
+            return None;
+        }
+        slot.served += 1;
+        slot.last_used = now;
+        if let Some(p) = slot.pending.iter_mut().find(|p| Some(p.token) == token) {
+            p.at = now;
+        }
+        let spent = slot.state == State::Idle && slot.limit.is_some_and(|l| slot.served >= l);
+        if spent {
+            // It stops once its sessions end and its traffic has gone quiet.
+            slot.state = State::Draining;
+            slot.retired = Some(Retire::Requests);
+        }
+        Some(spent)
+    }
+
+    /// Takes every waiter out of the queue (at shutdown).
+    pub fn drain_waiters(&mut self) -> Vec<W> {
+        self.queue.drain(..).collect()
+    }
+
+    /// Retires every worker and returns the ids of those not already stopping.
+    pub fn retire_all(&mut self) -> Vec<WorkerId> {
+        let ids: Vec<WorkerId> = self.slots.keys().copied().collect();
+        ids.into_iter().filter(|id| self.retire(*id, Retire::Shutdown)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(n_min: usize, n_max: usize) -> Limits {
+        Limits { n_min, n_max, max_requests: None, max_memory: None, max_sessions: 20 }
+    }
+
+    fn pool(n_min: usize, n_max: usize) -> (Pool<u32>, Instant) {
+        (Pool::new(limits(n_min, n_max), Ids::default()), Instant::now())
+    }
+
+    const ALL: fn(&u32) -> bool = |_| true;
+
+    fn ready_all(p: &mut Pool<u32>, ids: &[WorkerId], now: Instant) {
+        for id in ids {
+            assert!(matches!(p.release(*id, now, Done::Ready, ALL), Release::Idle));
+        }
+    }
+
+    fn grow(p: &mut Pool<u32>, now: Instant) -> Vec<WorkerId> {
+        p.grow(now, usize::MAX).ids
+    }
+
+    #[test]
+    fn starts_n_min_and_hands_out_idle_workers() {
+        let (mut p, now) = pool(2, 4);
+        let ids = grow(&mut p, now);
+        assert_eq!(ids, vec![1, 2]);
+        assert_eq!(p.checkout(), None, "starting workers take no requests");
+        ready_all(&mut p, &ids, now);
+        let a = p.checkout().unwrap();
+        let b = p.checkout().unwrap();
+        assert_ne!(a, b);
+        assert_eq!(p.checkout(), None, "a busy worker never gets a second request");
+    }
+
+    #[test]
+    fn the_queue_grows_the_pool_one_worker_per_waiter_up_to_n_max() {
+        let (mut p, now) = pool(1, 3);
+        let ids = grow(&mut p, now);
+        ready_all(&mut p, &ids, now);
+        assert!(p.checkout().is_some());
+        p.enqueue(10);
+        assert_eq!(grow(&mut p, now), vec![2], "the first waiter starts a worker");
+        assert_eq!(grow(&mut p, now), Vec::<WorkerId>::new(), "one starting covers one waiter");
+        p.enqueue(11);
+        p.enqueue(12);
+        assert_eq!(grow(&mut p, now), vec![3], "n_max reached");
+        assert_eq!(p.live(), 3);
+    }
+
+    #[test]
+    fn the_budget_caps_growth_and_the_pool_says_what_it_still_wants() {
+        let (mut p, now) = pool(2, 4);
+        assert_eq!(p.grow(now, 1).ids, vec![1], "room for one");
+        assert_eq!(p.wants(), 1, "n_min still wants another");
+        assert_eq!(p.grow(now, 0).ids, Vec::<WorkerId>::new());
+        assert_eq!(p.grow(now, 5).ids, vec![2]);
+        assert_eq!(p.wants(), 0);
+    }
+
+    #[test]
+    fn release_serves_waiters_in_fifo_order_skipping_those_gone() {
+        let (mut p, now) = pool(1, 1);
+        let ids = grow(&mut p, now);
+        ready_all(&mut p, &ids, now);
+        let w = p.checkout().unwrap();
+        p.enqueue(1);
+        p.enqueue(2);
+        p.enqueue(3);
+        assert!(matches!(p.release(w, now, Done::Completed, ALL), Release::Handoff(1)));
+        assert!(matches!(p.release(w, now, Done::Completed, |w| *w != 2), Release::Handoff(3)));
+        assert!(matches!(p.release(w, now, Done::Completed, ALL), Release::Idle));
+        assert_eq!(p.slot(w).unwrap().served, 3);
+    }
+
+    #[test]
+    fn a_handoff_to_a_departed_client_is_not_a_served_request() {
+        let (mut p, now) = pool(0, 1);
+        p.enqueue(1);
+        let w = grow(&mut p, now)[0];
+        // The worker became ready and went to the waiter, which had just left.
+        assert!(matches!(p.release(w, now, Done::Ready, ALL), Release::Handoff(1)));
+        assert!(matches!(p.release(w, now, Done::Unused, ALL), Release::Idle));
+        let slot = p.slot(w).unwrap();
+        assert_eq!(slot.served, 0, "returned unused: not counted");
+        assert!(!slot.proven, "a worker that never finished a request is not proven");
+        // So its death soon after start still counts as a failed start.
+        p.exited(w, now + Duration::from_secs(1));
+        assert_eq!(p.backoff(now + Duration::from_secs(1)), BACKOFF_FIRST);
+    }
+
+    #[test]
+    fn a_worker_is_proven_once_it_finishes_a_request_or_opens_a_session() {
+        let (mut p, now) = pool(2, 2);
+        let ids = grow(&mut p, now);
+        ready_all(&mut p, &ids, now);
+        assert!(ids.iter().all(|id| !p.slot(*id).unwrap().proven), "ready is not proven");
+        let busy = p.checkout().unwrap();
+        assert!(!p.slot(busy).unwrap().proven, "a request in progress proves nothing yet");
+        p.release(busy, now, Done::Completed, ALL);
+        assert!(p.slot(busy).unwrap().proven);
+        let other = *ids.iter().find(|id| **id != busy).unwrap();
+        p.session_opened(other, now, None);
+        assert!(p.slot(other).unwrap().proven);
+    }
+
+    #[test]
+    fn crash_loops_back_off_doubling_and_forget_after_a_minute() {
+        let (mut p, t0) = pool(1, 1);
+        let mut now = t0;
+        let mut delays = Vec::new();
+        for _ in 0..4 {
+            let start = p.grow(now, 1);
+            delays.push(start.delay);
+            // Fails before it ever answers.
+            p.exited(start.ids[0], now);
+            now += Duration::from_millis(10);
+        }
+        assert_eq!(delays, [0, 250, 500, 1000].map(Duration::from_millis));
+        assert_eq!(p.grow(now, 1).delay, Duration::from_secs(2));
+        assert!(p.crash_looping(now));
+        assert_eq!(p.backoff(now + FAILURE_MEMORY), Duration::ZERO, "an old crash loop is forgotten");
+    }
+
+    #[test]
+    fn a_worker_that_served_or_was_stopped_is_no_failed_start() {
+        let (mut p, now) = pool(2, 2);
+        let ids = grow(&mut p, now);
+        ready_all(&mut p, &ids, now);
+        let busy = p.checkout().unwrap();
+        p.release(busy, now, Done::Completed, ALL);
+        p.exited(busy, now);
+        let other = *ids.iter().find(|id| **id != busy).unwrap();
+        p.retire(other, Retire::Idle);
+        p.exited(other, now);
+        assert_eq!(p.backoff(now), Duration::ZERO);
+        // A worker killed for hanging counts: valve's kill was not planned.
+        let ids = grow(&mut p, now);
+        ready_all(&mut p, &ids, now);
+        p.retire(ids[0], Retire::Timeout);
+        p.exited(ids[0], now);
+        assert_eq!(p.backoff(now), BACKOFF_FIRST);
+        // One that lived past the crash window does not.
+        let later = now + CRASH_WINDOW + Duration::from_secs(1);
+        p.exited(ids[1], later);
+        assert_eq!(p.backoff(later), BACKOFF_FIRST, "unchanged");
+    }
+
+    #[test]
+    fn workers_retire_after_their_share_of_requests_with_jitter() {
+        let now = Instant::now();
+        let mut p: Pool<u32> = Pool::new(Limits { max_requests: Some(100), ..limits(1, 1) }, Ids::default());
+        let limits: Vec<u64> = (1..=50).map(|id| jittered(100, id)).collect();
+        assert!(limits.iter().all(|l| (100..=110).contains(l)), "{limits:?}");
+        assert!(limits.iter().collect::<std::collections::BTreeSet<_>>().len() > 5, "limits are spread");
+        let id = grow(&mut p, now)[0];
+        ready_all(&mut p, &[id], now);
+        let limit = p.slot(id).unwrap().limit.unwrap();
+        for _ in 1..limit {
+            assert_eq!(p.checkout(), Some(id));
+            assert!(matches!(p.release(id, now, Done::Completed, ALL), Release::Idle));
+        }
+        assert_eq!(p.checkout(), Some(id));
+        assert!(matches!(p.release(id, now, Done::Completed, ALL), Release::Retire(Retire::Requests)));
+        assert_eq!(p.checkout(), None, "a retiring worker takes no more requests");
+        assert_eq!(p.wants(), 1, "a replacement keeps n_min");
+    }
+
+    #[test]
+    fn memory_past_the_limit_retires_idle_at_once_busy_after_its_request() {
+        let now = Instant::now();
+        let mut p: Pool<u32> = Pool::new(Limits { max_memory: Some(1000), ..limits(2, 2) }, Ids::default());
+        let ids = grow(&mut p, now);
+        ready_all(&mut p, &ids, now);
+        assert_eq!(p.sampled(ids[0], 500), None, "under the limit");
+        assert_eq!(p.slot(ids[0]).unwrap().memory, Some(500));
+        let busy = p.checkout().unwrap();
+        let idle = *ids.iter().find(|id| **id != busy).unwrap();
+        assert_eq!(p.sampled(idle, 2000), Some(Retire::Memory), "an idle worker goes now");
+        assert_eq!(p.sampled(busy, 2000), None, "a busy one finishes first");
+        assert!(matches!(p.release(busy, now, Done::Completed, ALL), Release::Retire(Retire::Memory)));
+    }
+
+    #[test]
+    fn shiny_workers_past_a_limit_drain_their_sessions_then_stop() {
+        let now = Instant::now();
+        let mut p: Pool<u32> =
+            Pool::new(Limits { max_requests: Some(3), max_memory: Some(1000), ..limits(1, 2) }, Ids::default());
+        let ids = grow(&mut p, now);
+        ready_all(&mut p, &ids, now);
+        let w = ids[0];
+        let limit = p.slot(w).unwrap().limit.unwrap();
+        p.session_opened(w, now, None);
+        for _ in 1..limit {
+            assert_eq!(p.touch(w, now, None), Some(false));
+        }
+        assert_eq!(p.touch(w, now, None), Some(true), "its share is served");
+        assert_eq!(p.slot(w).unwrap().state, State::Draining);
+        assert_eq!(p.pick_for_session(now, 1), None, "a draining worker takes no new session");
+        assert_eq!(p.touch(w, now, None), Some(false), "but serves the sessions it has");
+        assert_eq!(p.wants(), 1, "the pool wants a worker in its place");
+        p.session_closed(w, now);
+        let quiet = Duration::from_secs(5);
+        assert_eq!(p.drained(now, quiet), vec![], "its traffic must go quiet first");
+        assert_eq!(p.drained(now + quiet, quiet), vec![(w, Retire::Requests)], "then it stops");
+
+        let ids = grow(&mut p, now);
+        ready_all(&mut p, &ids, now);
+        p.session_opened(ids[0], now, None);
+        assert_eq!(p.sampled(ids[0], 5000), None);
+        assert_eq!(p.slot(ids[0]).unwrap().state, State::Draining, "too big with sessions: drains");
+        p.session_closed(ids[0], now);
+        assert_eq!(p.drained(now + quiet, quiet), vec![(ids[0], Retire::Memory)]);
+    }
+
+    #[test]
+    fn sessions_go_to_the_least_loaded_worker_and_grow_the_pool_at_the_limit() {
+        let now = Instant::now();
+        let mut p: Pool<u32> = Pool::new(Limits { max_sessions: 2, ..limits(2, 3) }, Ids::default());
+        let ids = grow(&mut p, now);
+        ready_all(&mut p, &ids, now);
+        let mut picks = Vec::new();
+        for token in 0..4 {
+            let id = p.pick_for_session(now, token).unwrap();
+            p.touch(id, now, Some(token));
+            picks.push(id);
+        }
+        assert_eq!(picks, vec![1, 2, 1, 2], "fewest sessions first, counting browsers not yet connected");
+        assert_eq!(p.pick_for_session(now, 9), None, "browsers that came back for the assets hold their places");
+        for (token, id) in picks.into_iter().enumerate() {
+            p.session_opened(id, now, Some(token as u64));
+        }
+        assert!(p.slots().all(|(_, s)| s.pending.is_empty()), "each session took its browser's place");
+        assert_eq!(p.pick_for_session(now, 9), None, "all full");
+        p.session_wanted();
+        assert_eq!(grow(&mut p, now), vec![3], "a waiting browser starts a worker");
+        assert_eq!(grow(&mut p, now), Vec::<WorkerId>::new(), "one is starting already");
+        p.session_served();
+        p.session_closed(1, now);
+        assert_eq!(p.pick_for_session(now, 10), Some(1));
+        let later = now + Duration::from_secs(100);
+        assert!(p.prune(later, Duration::from_secs(1)).is_empty(), "workers with sessions are never pruned");
+    }
+
+    #[test]
+    fn page_loads_that_never_open_a_session_lock_nobody_out() {
+        let now = Instant::now();
+        let mut p: Pool<u32> = Pool::new(Limits { max_sessions: 2, ..limits(1, 1) }, Ids::default());
+        let ids = grow(&mut p, now);
+        ready_all(&mut p, &ids, now);
+        for token in 0..40 {
+            assert!(p.pick_for_session(now, token).is_some(), "page load {token} is placed at once");
+        }
+        assert!(p.slot(ids[0]).unwrap().pending.len() <= 8, "and the bookkeeping stays bounded");
+        p.session_opened(ids[0], now, Some(38));
+        p.session_opened(ids[0], now, Some(39));
+        assert_eq!(p.pick_for_session(now, 100), None, "open sessions are the real limit");
+    }
+
+    #[test]
+    fn a_burst_below_n_max_waits_for_new_workers_rather_than_crowding_one() {
+        let now = Instant::now();
+        let mut p: Pool<u32> = Pool::new(Limits { max_sessions: 2, ..limits(1, 2) }, Ids::default());
+        let ids = grow(&mut p, now);
+        ready_all(&mut p, &ids, now);
+        assert!(p.pick_for_session(now, 1).is_some());
+        assert!(p.pick_for_session(now, 2).is_some());
+        assert_eq!(p.pick_for_session(now, 3), None, "the pool can grow: the third browser waits for a worker");
+        p.session_wanted();
+        let new = grow(&mut p, now);
+        assert_eq!(p.pick_for_session(now, 3), None, "still starting");
+        ready_all(&mut p, &new, now);
+        assert_eq!(p.pick_for_session(now, 3), Some(new[0]));
+        assert!(p.pick_for_session(now + PENDING_FOR, 4).is_some(), "browsers that stayed away stop counting");
+    }
+
+    #[test]
+    fn prune_keeps_n_min_and_spares_busy_and_recent() {
+        let (mut p, t0) = pool(1, 4);
+        for w in 0..3 {
+            p.enqueue(w);
+        }
+        let ids = grow(&mut p, t0);
+        assert_eq!(p.live(), 3);
+        p.drain_waiters();
+        ready_all(&mut p, &ids, t0);
+        let busy = p.checkout().unwrap();
+        let later = t0 + Duration::from_secs(10);
+        let stopped = p.prune(later, Duration::from_secs(5));
+        assert_eq!(stopped.len(), 2, "busy worker stays, others age out");
+        assert!(!stopped.contains(&busy));
+        assert_eq!(p.prune(later, Duration::from_secs(5)), Vec::<WorkerId>::new());
+        for id in stopped {
+            p.exited(id, later);
+        }
+        assert_eq!(p.wants(), 0, "n_min still holds");
+        assert_eq!(p.live(), 1);
+    }
+
+    #[test]
+    fn a_spare_worker_for_another_app_is_the_longest_idle_above_n_min() {
+        let (mut p, t0) = pool(1, 3);
+        for w in 0..3 {
+            p.enqueue(w);
+        }
+        let ids = grow(&mut p, t0);
+        assert_eq!(ids.len(), 3);
+        p.drain_waiters();
+        assert_eq!(p.spare(t0), None, "starting workers are not spare");
+        for (i, id) in ids.iter().enumerate() {
+            p.release(*id, t0 + Duration::from_secs(i as u64), Done::Ready, ALL);
+        }
+        assert_eq!(p.spare(t0), Some((ids[0], t0)));
+        p.retire(ids[0], Retire::Budget);
+        assert_eq!(p.spare(t0).map(|s| s.0), Some(ids[1]));
+        p.retire(ids[1], Retire::Budget);
+        assert_eq!(p.spare(t0), None, "never below n_min");
+    }
+
+    #[test]
+    fn idle_workers_are_probed_and_nothing_else_reaches_them_meanwhile() {
+        let (mut p, t0) = pool(2, 2);
+        let ids = grow(&mut p, t0);
+        ready_all(&mut p, &ids, t0);
+        let busy = p.checkout().unwrap();
+        let due = p.due_for_probe(t0 + Duration::from_secs(2), Duration::from_secs(1));
+        assert_eq!(due.len(), 1, "busy workers are not probed");
+        assert_ne!(due[0], busy);
+        assert_eq!(p.checkout(), None, "a worker being probed takes no request");
+        assert_eq!(p.answering(), 2, "a probed worker still counts as answering");
+        assert!(matches!(p.release(due[0], t0, Done::Probed, ALL), Release::Idle));
+        assert_eq!(p.slot(due[0]).unwrap().served, 0, "a probe is not a request");
+    }
+
+    #[test]
+    fn retiring_takes_a_worker_out_once() {
+        let (mut p, now) = pool(2, 3);
+        let ids = grow(&mut p, now);
+        ready_all(&mut p, &ids, now);
+        assert!(p.retire(1, Retire::Broken));
+        assert!(!p.retire(1, Retire::Broken), "retiring twice does nothing more");
+        assert!(!p.retire(99, Retire::Broken));
+        assert_eq!(p.wants(), 1, "a replacement keeps n_min");
+        assert_eq!(p.processes(), 2, "the stopping worker still counts against the budget");
+    }
+
+    #[test]
+    fn stopping_workers_take_nothing_and_release_reports_gone() {
+        let (mut p, now) = pool(1, 1);
+        let ids = grow(&mut p, now);
+        ready_all(&mut p, &ids, now);
+        let w = p.checkout().unwrap();
+        p.enqueue(1);
+        assert_eq!(p.retire_all(), vec![w]);
+        assert!(matches!(p.release(w, now, Done::Completed, ALL), Release::Gone));
+        assert_eq!(p.drain_waiters(), vec![1]);
+    }
+}

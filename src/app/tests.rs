@@ -1,0 +1,261 @@
+//! The supervisor's logic with fake workers on tokio's paused clock: start,
+//! ready, one request per worker, crash, backoff, prune, broken answers,
+//! liveness, stop, the budget across apps. Milliseconds each, no R.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty};
+
+use super::fake::{FakeLauncher, Plan};
+use super::pool::{Limits, Retire, BACKOFF_FIRST};
+use super::supervisor::KILL_AFTER;
+use super::{Fleet, Lease, Settings, Supervisor};
+use crate::metrics::AppMetrics;
+use crate::worker::{Exit, Stop};
+
+fn settings(n_min: usize, n_max: usize) -> Settings {
+    Settings {
+        name: "test".into(),
+        limits: Limits { n_min, n_max, max_requests: None, max_memory: None, max_sessions: 20 },
+        max_age: Duration::from_secs(5),
+        check_unused: Duration::from_secs(1),
+        start_timeout: Duration::from_secs(10),
+        queue_size: 100,
+        queue_timeout: Duration::from_secs(30),
+        request_timeout: Some(Duration::from_secs(5)),
+    }
+}
+
+fn app_in(fleet: &Arc<Fleet>, s: Settings) -> (Arc<Supervisor>, Arc<FakeLauncher>) {
+    let launcher = Arc::new(FakeLauncher::default());
+    let metrics = Arc::new(AppMetrics::new(&s.name));
+    let sup = Supervisor::new(fleet.clone(), s, Box::new(launcher.clone()), metrics);
+    (sup, launcher)
+}
+
+fn app(s: Settings) -> (Arc<Supervisor>, Arc<FakeLauncher>) {
+    let fleet = Fleet::new(s.limits.n_max);
+    app_in(&fleet, s)
+}
+
+/// Sends `path` on a lease and reads the answer whole.
+async fn call(lease: &mut Lease, path: &str) -> Result<String, String> {
+    lease.connect().await.map_err(|e| e.to_string())?;
+    let req = http::Request::get(path).body(Empty::new().map_err(|never| match never {}).boxed()).unwrap();
+    let resp = lease.send(req).await?;
+    let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+    lease.answered(true);
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Lets time pass (on the paused clock) until `cond` holds, or fails.
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn starts_n_min_and_gives_each_worker_one_request_at_a_time() {
+    let (sup, fake) = app(settings(2, 2));
+    sup.start().await.unwrap();
+    assert_eq!(fake.alive().len(), 2);
+    assert!(sup.ready());
+    let mut a = sup.lease().await.unwrap();
+    let b = sup.lease().await.unwrap();
+    assert_ne!(a.worker, b.worker);
+    let third = tokio::spawn({
+        let sup = sup.clone();
+        async move { sup.lease().await.map(|l| l.worker) }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!third.is_finished(), "both workers are busy: the third request waits");
+    assert!(call(&mut a, "/pid").await.unwrap().starts_with("ok"));
+    let a_worker = a.worker;
+    drop(a);
+    assert_eq!(third.await.unwrap().unwrap(), a_worker, "the first worker to come free takes the waiter");
+    drop(b);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_served_and_died_is_replaced_at_once() {
+    let (sup, fake) = app(settings(1, 1));
+    sup.start().await.unwrap();
+    let mut lease = sup.lease().await.unwrap();
+    call(&mut lease, "/pid").await.unwrap();
+    let first = lease.worker;
+    drop(lease);
+    let died = tokio::time::Instant::now();
+    fake.worker(first).end(Exit::Signal(9));
+    until("a replacement", || fake.launched_at.lock().unwrap().len() == 2).await;
+    let replaced = fake.launched_at.lock().unwrap()[1];
+    assert_eq!(replaced - died, Duration::ZERO, "no backoff for a worker that had served");
+    until("the replacement ready", || sup.gauges().idle == 1).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_starts_back_off_doubling() {
+    let (sup, fake) = app(settings(1, 1));
+    sup.start().await.unwrap();
+    {
+        let mut plans = fake.plans.lock().unwrap();
+        for _ in 0..3 {
+            plans.push_back(Plan { fail: Some(1), ..Plan::default() });
+        }
+    }
+    // Dies right after it became ready, before it ever finished a request.
+    fake.worker(1).end(Exit::Signal(11));
+    until("four launches", || fake.launched_at.lock().unwrap().len() == 5).await;
+    let at = fake.launched_at.lock().unwrap().clone();
+    // The first worker died at once; each replacement failed to start.
+    let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(gaps, [BACKOFF_FIRST, BACKOFF_FIRST * 2, BACKOFF_FIRST * 4, BACKOFF_FIRST * 8], "launch times {at:?}");
+    assert!(!sup.ready() || sup.gauges().idle > 0, "a crash loop with nothing answering is not ready");
+}
+
+#[tokio::test(start_paused = true)]
+async fn unused_workers_are_pruned_down_to_n_min() {
+    let (sup, fake) = app(settings(1, 3));
+    sup.start().await.unwrap();
+    let leases: Vec<Lease> =
+        futures::future::join_all((0..3).map(|_| sup.lease())).await.into_iter().map(Result::unwrap).collect();
+    assert_eq!(fake.alive().len(), 3, "the queue grew the pool to n_max");
+    drop(leases);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(fake.alive().len(), 3, "younger than max_age: kept");
+    until("pruning to n_min", || fake.alive().len() == 1).await;
+    let stopped: Vec<_> = fake.workers.lock().unwrap().iter().filter(|w| !w.alive()).map(|w| w.signals()).collect();
+    assert!(stopped.iter().all(|s| s == &[(Stop::Term, false)]), "a planned stop is SIGTERM: {stopped:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_broken_answer_retires_its_worker_before_the_next_waiter_gets_it() {
+    let (sup, fake) = app(settings(1, 1));
+    sup.start().await.unwrap();
+    let mut lease = sup.lease().await.unwrap();
+    let broken = lease.worker;
+    let waiter = tokio::spawn({
+        let sup = sup.clone();
+        async move { sup.lease().await.map(|l| l.worker) }
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    lease.broken(Retire::Broken);
+    drop(lease);
+    let next = waiter.await.unwrap().unwrap();
+    assert_ne!(next, broken, "the waiter got a fresh worker, not the broken one");
+    assert_eq!(fake.worker(broken).signals(), [(Stop::Kill, false)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_abandoned_mid_exchange_keeps_its_worker_busy_until_r_is_done() {
+    let (sup, fake) = app(settings(1, 1));
+    sup.start().await.unwrap();
+    let mut lease = sup.lease().await.unwrap();
+    lease.connect().await.unwrap();
+    let req = http::Request::get("/sleep?ms=2000").body(Empty::new().map_err(|never| match never {}).boxed()).unwrap();
+    let sending = tokio::spawn(async move {
+        let _ = lease.send(req).await;
+        lease
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    sending.abort(); // the client left
+    let _ = sending.await;
+    let asked = tokio::time::Instant::now();
+    let next = sup.lease().await.unwrap();
+    assert!(tokio::time::Instant::now() - asked >= Duration::from_millis(1800), "it waited for R to finish");
+    assert_eq!(next.worker, 1, "the same worker, neither lost nor killed");
+    assert!(fake.worker(1).signals().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handoff_to_a_client_that_left_proves_nothing() {
+    let (sup, fake) = app(settings(0, 1));
+    sup.start().await.unwrap();
+    fake.plans.lock().unwrap().push_back(Plan { ready_after: Duration::from_millis(500), ..Plan::default() });
+    let asking = tokio::spawn({
+        let sup = sup.clone();
+        async move { sup.lease().await.map(|l| l.worker) }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    asking.abort(); // the client left while its worker was starting
+    until("the worker ready", || sup.gauges().idle == 1).await;
+    let status = sup.status();
+    assert_eq!(status.workers[0].requests, 0, "nothing was served");
+    // Dying now is a failed start: the worker never proved itself.
+    fake.worker(1).end(Exit::Signal(9));
+    let died = tokio::time::Instant::now();
+    let _ = sup.lease();
+    let asked = tokio::spawn({
+        let sup = sup.clone();
+        async move { sup.lease().await.map(|l| l.worker) }
+    });
+    until("a replacement", || fake.launched_at.lock().unwrap().len() == 2).await;
+    let gap = fake.launched_at.lock().unwrap()[1] - died;
+    assert_eq!(gap, BACKOFF_FIRST, "crash-loop detection still works");
+    assert_eq!(asked.await.unwrap().unwrap(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn stopping_sends_sigterm_then_sigkill_and_nothing_after_the_exit() {
+    let (sup, fake) = app(settings(2, 2));
+    fake.plans.lock().unwrap().push_back(Plan { ignore_term: true, ..Plan::default() });
+    sup.start().await.unwrap();
+    let stopped = tokio::time::Instant::now();
+    sup.shutdown().await;
+    assert!(tokio::time::Instant::now() - stopped >= KILL_AFTER, "the stubborn worker had its grace");
+    let stubborn = fake.worker(1).signals();
+    assert_eq!(stubborn, [(Stop::Term, false), (Stop::Kill, false)]);
+    let polite = fake.worker(2).signals();
+    assert_eq!(polite, [(Stop::Term, false)], "no SIGKILL once the exit was seen (its pid may be reused)");
+    assert!(fake.alive().is_empty());
+    assert!(matches!(sup.lease().await, Err(super::Unavailable::ShuttingDown)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_worker_that_stops_answering_is_replaced() {
+    let (sup, fake) = app(settings(1, 1));
+    sup.start().await.unwrap();
+    fake.worker(1).mute.store(true, std::sync::atomic::Ordering::Relaxed);
+    until("the mute worker killed", || !fake.worker(1).alive()).await;
+    assert_eq!(fake.worker(1).signals(), [(Stop::Kill, false)]);
+    until("a replacement ready", || sup.gauges().idle == 1).await;
+    let mut lease = sup.lease().await.unwrap();
+    assert_eq!(lease.worker, 2);
+    call(&mut lease, "/pid").await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_budget_moves_an_idle_worker_to_the_app_that_needs_it() {
+    let fleet = Fleet::new(2);
+    let (a, fake_a) = app_in(&fleet, Settings { name: "a".into(), ..settings(0, 2) });
+    let (b, fake_b) = app_in(&fleet, Settings { name: "b".into(), ..settings(0, 2) });
+    a.start().await.unwrap();
+    b.start().await.unwrap();
+    let leases: Vec<Lease> =
+        futures::future::join_all((0..2).map(|_| a.lease())).await.into_iter().map(Result::unwrap).collect();
+    drop(leases);
+    assert_eq!(fleet.processes(), 2);
+    let watch = tokio::spawn({
+        let fleet = fleet.clone();
+        async move {
+            let mut most = 0;
+            for _ in 0..300 {
+                most = most.max(fleet.processes());
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            most
+        }
+    });
+    let mut lease = b.lease().await.unwrap();
+    call(&mut lease, "/pid").await.unwrap();
+    assert_eq!(fake_a.alive().len(), 1, "a gave up one idle worker");
+    assert_eq!(fake_b.alive().len(), 1);
+    assert!(watch.await.unwrap() <= 2, "never more than the budget");
+    let gone: Vec<_> = fake_a.workers.lock().unwrap().iter().filter(|w| !w.alive()).map(|w| w.signals()).collect();
+    assert_eq!(gone, [vec![(Stop::Term, false)]]);
+}

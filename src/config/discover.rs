@@ -1,0 +1,173 @@
+//! What kind of app a path names, found exactly as R finds it:
+//! `plumber::plumb(dir = )` takes `entrypoint.R`, else `plumber.R`;
+//! `shiny::runApp(dir)` takes `server.R`, else `app.R` (no `ui.R` needed);
+//! all of them matched without regard to case, as R does.
+
+use std::path::{Path, PathBuf};
+
+use super::ConfigError;
+
+/// What valve serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AppSource {
+    /// A plumber API file, run as `pr(file)` would.
+    PlumberFile(PathBuf),
+    /// A directory with `entrypoint.R` or `plumber.R`, run as `plumb(dir = )` would.
+    PlumberDir(PathBuf),
+    /// A plumber router saved with `saveRDS()` (a router built in an R session).
+    PlumberRds(PathBuf),
+    /// A Shiny app: a directory (`server.R` or `app.R`) or one file.
+    Shiny(PathBuf),
+}
+
+impl AppSource {
+    /// The path handed to R (absolute).
+    pub fn path(&self) -> &Path {
+        match self {
+            AppSource::PlumberFile(p) | AppSource::PlumberDir(p) | AppSource::PlumberRds(p) | AppSource::Shiny(p) => p,
+        }
+    }
+
+    pub fn is_shiny(&self) -> bool {
+        matches!(self, AppSource::Shiny(_))
+    }
+
+    /// How the launcher runs it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AppSource::PlumberFile(_) => "plumber-file",
+            AppSource::PlumberDir(_) => "plumber-dir",
+            AppSource::PlumberRds(_) => "plumber-rds",
+            AppSource::Shiny(_) => "shiny",
+        }
+    }
+
+    /// The directory workers run in, so relative paths in the app work as
+    /// without valve. A saved router runs where valve was started.
+    pub fn workdir(&self) -> PathBuf {
+        match self {
+            AppSource::PlumberFile(p) => p.parent().unwrap_or(Path::new("/")).to_path_buf(),
+            AppSource::Shiny(p) if p.is_file() => p.parent().unwrap_or(Path::new("/")).to_path_buf(),
+            AppSource::PlumberDir(d) | AppSource::Shiny(d) => d.clone(),
+            AppSource::PlumberRds(_) => std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
+        }
+    }
+
+    /// A label for logs and metrics: the app's folder, or its file's name without `.R`.
+    pub fn default_name(&self) -> String {
+        let name = match self {
+            AppSource::PlumberFile(p) | AppSource::PlumberRds(p) => p.file_stem(),
+            AppSource::Shiny(p) if p.is_file() => p.parent().and_then(Path::file_name),
+            AppSource::PlumberDir(p) | AppSource::Shiny(p) => p.file_name(),
+        };
+        name.map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "app".to_string())
+    }
+}
+
+/// The entry of `dir` whose name is `name` without regard to case (the first
+/// in sorted order, as R's `list.files` gives them).
+fn find_ci(dir: &Path, name: &str) -> Option<PathBuf> {
+    let mut hits: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().eq_ignore_ascii_case(name))
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
+    hits.sort();
+    hits.into_iter().next()
+}
+
+/// Resolves a path to an absolute app and checks R can read it. `what` names
+/// where the path came from in messages (`-f/--file`, a config file's entry).
+pub fn resolve(path: &Path, what: &str) -> Result<AppSource, ConfigError> {
+    let shown = path.display().to_string();
+    let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => ConfigError::NotFound { path: shown.clone(), what: what.to_string() },
+        _ => ConfigError::Unreadable { path: shown.clone(), reason: e.to_string() },
+    })?;
+    let abs = std::fs::canonicalize(path)
+        .map_err(|e| ConfigError::Unreadable { path: shown.clone(), reason: e.to_string() })?;
+    let (app, file) = if meta.is_dir() {
+        if let Some(file) = find_ci(&abs, "entrypoint.R").or_else(|| find_ci(&abs, "plumber.R")) {
+            (AppSource::PlumberDir(abs), file)
+        } else if let Some(file) = find_ci(&abs, "server.R").or_else(|| find_ci(&abs, "app.R")) {
+            (AppSource::Shiny(abs), file)
+        } else {
+            return Err(ConfigError::EmptyDir(shown));
+        }
+    } else if abs.extension().is_some_and(|e| e.eq_ignore_ascii_case("rds")) {
+        (AppSource::PlumberRds(abs.clone()), abs)
+    } else if is_shiny_file(&abs) {
+        (AppSource::Shiny(abs.clone()), abs)
+    } else {
+        (AppSource::PlumberFile(abs.clone()), abs)
+    };
+    std::fs::File::open(&file).map_err(|e| ConfigError::Unreadable {
+        path: file.display().to_string(),
+        reason: match e.kind() {
+            std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+            _ => e.to_string(),
+        },
+    })?;
+    Ok(app)
+}
+
+/// A single file is a Shiny app when it calls `shinyApp()` and has no plumber
+/// annotations (`#* @get` and friends).
+fn is_shiny_file(path: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(path) else { return false };
+    let plumber = text.lines().any(|l| {
+        let l = l.trim_start();
+        (l.starts_with("#*") || l.starts_with("#'")) && l.contains('@')
+    });
+    !plumber && text.contains("shinyApp(")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir_with(files: &[&str]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for f in files {
+            std::fs::write(dir.path().join(f), "").unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn plumber_dirs_are_found_as_plumb_finds_them() {
+        let d = dir_with(&["Plumber.R"]);
+        assert!(matches!(resolve(d.path(), "-f").unwrap(), AppSource::PlumberDir(_)), "case does not matter");
+        let d = dir_with(&["ENTRYPOINT.r", "app.R"]);
+        assert!(matches!(resolve(d.path(), "-f").unwrap(), AppSource::PlumberDir(_)));
+    }
+
+    #[test]
+    fn shiny_dirs_are_found_as_run_app_finds_them() {
+        let d = dir_with(&["server.R"]);
+        assert!(matches!(resolve(d.path(), "-f").unwrap(), AppSource::Shiny(_)), "no ui.R needed");
+        let d = dir_with(&["App.R"]);
+        assert!(matches!(resolve(d.path(), "-f").unwrap(), AppSource::Shiny(_)), "case does not matter");
+        let d = dir_with(&["ui.R"]);
+        assert!(matches!(resolve(d.path(), "-f"), Err(ConfigError::EmptyDir(_))), "ui.R alone is no app");
+    }
+
+    #[test]
+    fn a_saved_router_is_served_from_its_rds_file() {
+        let d = dir_with(&["router.rds"]);
+        let app = resolve(&d.path().join("router.rds"), "-f").unwrap();
+        assert_eq!(app.kind(), "plumber-rds");
+        assert_eq!(app.default_name(), "router");
+    }
+
+    #[test]
+    fn names_come_from_the_folder_or_the_file() {
+        let d = dir_with(&["plumber.R"]);
+        let app = resolve(d.path(), "-f").unwrap();
+        assert_eq!(app.default_name(), d.path().file_name().unwrap().to_string_lossy());
+        let app = resolve(&d.path().join("plumber.R"), "-f").unwrap();
+        assert_eq!(app.default_name(), "plumber");
+    }
+}

@@ -1,0 +1,288 @@
+//! The command line: clap's derive API with a `VALVE_*` variable on every flag.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use super::{discover, parse_seconds, parse_size, AppConfig, AppSource, Config, ConfigError, Server};
+
+/// One port in front of a pool of R worker processes running a plumber API or a Shiny app.
+///
+/// Each request goes to an idle worker; when all are busy it waits in a queue
+/// and the pool grows up to --n-max, then shrinks back to --n-min once workers
+/// sit unused for --max-age seconds.
+#[derive(Parser, Debug)]
+#[command(name = "valve", version, max_term_width = 100)]
+pub struct Args {
+    /// The app: a plumber file, a folder holding entrypoint.R or plumber.R, or a router saved with
+    /// saveRDS() (.rds); or a Shiny app: a folder holding server.R or app.R, or a file ending in
+    /// shinyApp(). Folders are searched as plumb(dir=) and shiny::runApp() search them.
+    #[arg(short = 'f', long = "file", env = "VALVE_FILE", default_value = "plumber.R")]
+    pub file: PathBuf,
+
+    /// Address to listen on.
+    #[arg(long, env = "VALVE_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+
+    /// Port to listen on (0 picks a free one and prints it).
+    #[arg(short = 'p', long, env = "VALVE_PORT", default_value_t = 3000)]
+    pub port: u16,
+
+    /// Threads valve itself uses to move requests (tokio worker threads).
+    #[arg(short = 'w', long, env = "VALVE_WORKERS", default_value_t = 3)]
+    pub workers: usize,
+
+    /// Most R worker processes to run at once.
+    #[arg(short = 'n', long = "n-max", env = "VALVE_N_MAX", default_value_t = 3)]
+    pub n_max: usize,
+
+    /// R worker processes to keep running even when idle.
+    #[arg(long = "n-min", env = "VALVE_N_MIN", default_value_t = 1)]
+    pub n_min: usize,
+
+    /// Seconds between checks for unused workers (and samples of worker memory).
+    #[arg(long = "check-unused", env = "VALVE_CHECK_UNUSED", default_value = "10", value_name = "SECONDS")]
+    pub check_unused: String,
+
+    /// Seconds a worker may sit unused before it is stopped (never below --n-min).
+    #[arg(long = "max-age", env = "VALVE_MAX_AGE", default_value = "300", value_name = "SECONDS")]
+    pub max_age: String,
+
+    /// The R executable that runs workers.
+    #[arg(long = "r-bin", env = "VALVE_R_BIN", default_value = "R", value_name = "PATH")]
+    pub r_bin: PathBuf,
+
+    /// Seconds a new worker may take to load the API and answer before it is given up on.
+    #[arg(long = "start-timeout", env = "VALVE_START_TIMEOUT", default_value = "120", value_name = "SECONDS")]
+    pub start_timeout: String,
+
+    /// Seconds in-flight and queued requests get to finish on SIGTERM or SIGINT before workers are stopped.
+    #[arg(long = "graceful-timeout", env = "VALVE_GRACEFUL_TIMEOUT", default_value = "30", value_name = "SECONDS")]
+    pub graceful_timeout: String,
+
+    /// Seconds a worker may take to answer a request before the client gets 504 and the worker is
+    /// replaced (0: no limit). Shiny: applies to requests, not to open sessions; a Shiny worker that
+    /// times out is replaced and its sessions end (its R was stuck for all of them).
+    #[arg(long = "request-timeout", env = "VALVE_REQUEST_TIMEOUT", default_value = "300", value_name = "SECONDS")]
+    pub request_timeout: String,
+
+    /// Most requests waiting for a worker; more are answered 503 at once.
+    #[arg(long = "queue-size", env = "VALVE_QUEUE_SIZE", default_value_t = 1000, value_name = "N")]
+    pub queue_size: usize,
+
+    /// Longest wait for a worker, in seconds, before the client gets 503.
+    #[arg(long = "queue-timeout", env = "VALVE_QUEUE_TIMEOUT", default_value = "60", value_name = "SECONDS")]
+    pub queue_timeout: String,
+
+    /// Largest request body accepted (e.g. 512KB, 10MB, 1GB); larger ones get 413.
+    #[arg(long = "max-body-size", env = "VALVE_MAX_BODY_SIZE", default_value = "100MB", value_name = "SIZE")]
+    pub max_body_size: String,
+
+    /// Replace a worker after about N requests (each worker gets up to 10% more, so they don't all
+    /// restart together; 0: never). Shiny: requests and sessions count; a worker past N takes no
+    /// new sessions and stops when its last session ends.
+    #[arg(long = "max-requests", env = "VALVE_MAX_REQUESTS", default_value_t = 0, value_name = "N")]
+    pub max_requests: u64,
+
+    /// Replace a worker once its memory passes SIZE (e.g. 500MB): RSS, or for --preload forks the
+    /// memory they do not share. Sampled every --check-unused seconds and after requests. Shiny: the
+    /// worker takes no new sessions and stops when its last session ends.
+    #[arg(long = "max-worker-memory", env = "VALVE_MAX_WORKER_MEMORY", value_name = "SIZE")]
+    pub max_worker_memory: Option<String>,
+
+    /// Load the API once in a parent R process and fork workers from it: workers share its
+    /// memory and start in milliseconds. Per-worker set-up: options(valve.on_worker_start = function() ...).
+    #[arg(long, env = "VALVE_PRELOAD")]
+    pub preload: bool,
+
+    /// Serve valve's own pages (/__valve__/healthz, readyz, metrics, status, the dashboard) on this
+    /// separate HOST:PORT instead of the main port, e.g. when the main port faces the internet.
+    #[arg(long = "admin-addr", env = "VALVE_ADMIN_ADDR", value_name = "HOST:PORT")]
+    pub admin_addr: Option<String>,
+
+    /// Turn off the access log (one line per request).
+    #[arg(long = "no-access-log", env = "VALVE_NO_ACCESS_LOG")]
+    pub no_access_log: bool,
+
+    /// Log format: text for people, json for log collectors.
+    #[arg(long = "log-format", env = "VALVE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+
+    /// Shiny: most sessions one worker holds; a new worker starts when all are full.
+    #[arg(long = "max-sessions", env = "VALVE_MAX_SESSIONS", default_value_t = 20, value_name = "N")]
+    pub max_sessions: usize,
+
+    /// Seconds a client gets to send a request's headers before it is cut off.
+    #[arg(long = "header-timeout", env = "VALVE_HEADER_TIMEOUT", default_value = "30", value_name = "SECONDS")]
+    pub header_timeout: String,
+
+    /// On SIGTERM, answer readiness 503 at once but keep serving for SECONDS before draining, so a
+    /// load balancer (a Kubernetes Service) stops sending traffic first. Answers carry
+    /// `Connection: close` meanwhile.
+    #[arg(long = "drain-delay", env = "VALVE_DRAIN_DELAY", default_value = "0", value_name = "SECONDS")]
+    pub drain_delay: String,
+
+    /// Check a running valve and exit: 0 if URL answers 2xx within 5 s, 1 otherwise. Without URL,
+    /// valve's own /__valve__/healthz at --host (127.0.0.1 for 0.0.0.0) and --port. For container
+    /// HEALTHCHECKs: no curl needed.
+    #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "")]
+    pub healthcheck: Option<String>,
+}
+
+impl Args {
+    /// With `--healthcheck`: the URL to check.
+    pub fn healthcheck_url(&self) -> Option<String> {
+        let given = self.healthcheck.as_deref()?;
+        if !given.is_empty() {
+            return Some(given.to_string());
+        }
+        let host = match self.host.as_str() {
+            "0.0.0.0" | "" => "127.0.0.1".to_string(),
+            "::" => "[::1]".to_string(),
+            h if h.contains(':') && !h.starts_with('[') => format!("[{h}]"),
+            h => h.to_string(),
+        };
+        Some(format!("http://{host}:{}/__valve__/healthz", self.port))
+    }
+
+    /// Whether JSON logs were asked for (known before the rest is checked, so
+    /// that even errors about the rest are JSON).
+    pub fn wants_json_logs(&self) -> bool {
+        self.log_format == "json"
+    }
+
+    pub fn into_config(self) -> Result<Config, ConfigError> {
+        if self.n_max == 0 {
+            return Err(ConfigError::ZeroMax);
+        }
+        if self.n_min > self.n_max {
+            return Err(ConfigError::MinAboveMax { n_min: self.n_min, n_max: self.n_max });
+        }
+        if self.workers == 0 {
+            return Err(ConfigError::ZeroThreads);
+        }
+        if self.queue_size == 0 {
+            return Err(ConfigError::ZeroQueue);
+        }
+        if self.max_sessions == 0 {
+            return Err(ConfigError::ZeroSessions);
+        }
+        let request_timeout = parse_seconds("--request-timeout", &self.request_timeout, true)?;
+        let source = match discover::resolve(&self.file, "-f/--file")? {
+            AppSource::Shiny(p) if self.preload => return Err(ConfigError::PreloadShiny(p.display().to_string())),
+            source => source,
+        };
+        let app = AppConfig {
+            name: source.default_name(),
+            prefix: "/".to_string(),
+            hostname: None,
+            n_min: self.n_min,
+            n_max: self.n_max,
+            max_age: parse_seconds("--max-age", &self.max_age, true)?,
+            preload: self.preload,
+            request_timeout: (!request_timeout.is_zero()).then_some(request_timeout),
+            queue_size: self.queue_size,
+            queue_timeout: parse_seconds("--queue-timeout", &self.queue_timeout, false)?,
+            max_body_size: parse_size("--max-body-size", &self.max_body_size)?,
+            max_requests: (self.max_requests > 0).then_some(self.max_requests),
+            max_worker_memory: self
+                .max_worker_memory
+                .as_deref()
+                .map(|v| parse_size("--max-worker-memory", v))
+                .transpose()?,
+            max_sessions: self.max_sessions,
+            r_bin: self.r_bin,
+            start_timeout: parse_seconds("--start-timeout", &self.start_timeout, false)?,
+            env: Vec::new(),
+            source,
+        };
+        let server = Server {
+            host: self.host,
+            port: self.port,
+            threads: self.workers,
+            graceful_timeout: parse_seconds("--graceful-timeout", &self.graceful_timeout, true)?,
+            header_timeout: parse_seconds("--header-timeout", &self.header_timeout, false)?,
+            drain_delay: parse_seconds("--drain-delay", &self.drain_delay, true)?,
+            check_unused: parse_seconds("--check-unused", &self.check_unused, false)?,
+            admin_addr: self.admin_addr,
+            access_log: !self.no_access_log,
+            log_json: self.log_format == "json",
+            max_workers: self.n_max,
+        };
+        Ok(Config { server, apps: vec![app] })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        let mut argv = vec!["valve"];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv).expect("flags parse")
+    }
+
+    fn api() -> (tempfile::TempDir, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("plumber.R");
+        std::fs::write(&f, "").unwrap();
+        let path = f.to_str().unwrap().to_string();
+        (dir, path)
+    }
+
+    #[test]
+    fn defaults_match_the_reference_tool() {
+        let a = args(&[]);
+        assert_eq!(a.file, PathBuf::from("plumber.R"));
+        assert_eq!((a.host.as_str(), a.port, a.workers, a.n_max, a.n_min), ("127.0.0.1", 3000, 3, 3, 1));
+        assert_eq!((a.check_unused.as_str(), a.max_age.as_str()), ("10", "300"));
+    }
+
+    #[test]
+    fn refuses_n_min_above_n_max() {
+        let (_dir, f) = api();
+        let err = args(&["-f", &f, "--n-min", "5", "-n", "2"]).into_config().unwrap_err();
+        assert_eq!(err.to_string(), "--n-min 5 is above --n-max 2: raise --n-max or lower --n-min");
+    }
+
+    #[test]
+    fn one_app_at_the_root_named_after_its_file() {
+        let (_dir, f) = api();
+        let c = args(&["-f", &f]).into_config().unwrap();
+        assert_eq!(c.apps.len(), 1);
+        assert_eq!((c.apps[0].name.as_str(), c.apps[0].prefix.as_str()), ("plumber", "/"));
+        assert_eq!(c.server.max_workers, 3, "-f: the budget is --n-max");
+    }
+
+    #[test]
+    fn zero_disables_request_timeout_and_recycling() {
+        let (_dir, f) = api();
+        let c = args(&["-f", &f, "--request-timeout", "0"]).into_config().unwrap();
+        let app = &c.apps[0];
+        assert_eq!((app.request_timeout, app.max_requests, app.max_worker_memory), (None, None, None));
+        assert_eq!(app.max_body_size, 100 << 20);
+    }
+
+    #[test]
+    fn missing_file_and_bad_seconds_say_what_and_where() {
+        let err = args(&["-f", "/nonexistent/api.R"]).into_config().unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/api.R"));
+        let (_dir, f) = api();
+        let err = args(&["-f", &f, "--max-age", "soon"]).into_config().unwrap_err();
+        assert!(err.to_string().contains("--max-age \"soon\""));
+        let c = args(&["-f", &f, "--check-unused", "0.5"]).into_config().unwrap();
+        assert_eq!(c.server.check_unused, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn healthcheck_defaults_to_valves_own_healthz() {
+        assert_eq!(args(&["--healthcheck"]).healthcheck_url().unwrap(), "http://127.0.0.1:3000/__valve__/healthz");
+        let a = args(&["--healthcheck", "--host", "0.0.0.0", "--port", "8080"]);
+        assert_eq!(a.healthcheck_url().unwrap(), "http://127.0.0.1:8080/__valve__/healthz");
+        assert_eq!(args(&["--healthcheck", "http://x:1/y"]).healthcheck_url().unwrap(), "http://x:1/y");
+        assert_eq!(args(&[]).healthcheck_url(), None);
+    }
+}

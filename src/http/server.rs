@@ -1,0 +1,332 @@
+//! The listener: accepts clients, serves HTTP/1.1 (with upgrades) on each
+//! connection, routes each request (valve's own pages, or an app through the
+//! forwarder), logs it, and on shutdown stops accepting and drains.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use http::header::{self, HeaderValue};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::forward::{Forwarder, Served};
+use super::reply::{error, redirect, ReplyBody};
+use super::router::{Routed, Router};
+use crate::admin::{is_admin_path, Admin};
+use crate::shutdown::Shutdown;
+
+/// How the drain at shutdown ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drained {
+    /// Every request finished.
+    Clean,
+    /// Requests were still running when --graceful-timeout passed or a second signal came.
+    Cut,
+}
+
+/// The limits every client connection gets.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientLimits {
+    /// To send a request's headers; also how long an idle keep-alive connection stays.
+    pub header_timeout: Duration,
+    /// The longest a client may leave an answer unread (or a body unsent).
+    pub client_timeout: Duration,
+    /// Largest request line and headers hyper reads at all (valve's own, smaller
+    /// limit answers with a JSON 431 before this).
+    pub max_head: usize,
+}
+
+/// What answers every request on the main port.
+pub struct Front {
+    router: Arc<Router>,
+    pub forwarder: Forwarder,
+    /// valve's own pages, when they are served on the main port.
+    admin: Option<Arc<Admin>>,
+    /// Fired when a stop was asked for: answers carry `Connection: close`.
+    closing: CancellationToken,
+    access_log: bool,
+}
+
+impl Front {
+    pub fn new(
+        router: Arc<Router>,
+        forwarder: Forwarder,
+        admin: Option<Arc<Admin>>,
+        closing: CancellationToken,
+        access_log: bool,
+    ) -> Arc<Self> {
+        Arc::new(Front { router, forwarder, admin, closing, access_log })
+    }
+
+    /// Answers one client request. Every failure becomes a short JSON answer.
+    /// Once a stop was asked for, every answer closes its connection, so
+    /// clients reconnect (through their load balancer) to a valve that stays.
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Result<Response<ReplyBody>, Infallible> {
+        let mut resp = self.answer(req, peer).await;
+        if self.closing.is_cancelled() && resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        Ok(resp)
+    }
+
+    async fn answer(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ReplyBody> {
+        if is_admin_path(req.uri().path()) {
+            return match &self.admin {
+                Some(admin) => admin.handle(req.uri().path()),
+                None => error(
+                    StatusCode::NOT_FOUND,
+                    "valve's pages are served on its admin address (--admin-addr), not here",
+                ),
+            };
+        }
+        let table = self.router.current();
+        let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).or_else(|| req.uri().host());
+        let (mounted, inner) = match table.route(host, req.uri().path(), req.uri().query()) {
+            Routed::App(m, inner) => (m, inner),
+            Routed::AddSlash(location) => return redirect(&location),
+            Routed::Nowhere => return error(StatusCode::NOT_FOUND, "no app is mounted at this path"),
+        };
+        let start = Instant::now();
+        let method = req.method().clone();
+        // The path only: query strings can carry secrets.
+        let path = self.access_log.then(|| req.uri().path().to_owned());
+        let mut served = Served::default();
+        let resp = self.forwarder.forward(&mounted, &inner, req, peer, &mut served).await;
+        let took = start.elapsed();
+        let status = resp.status().as_u16();
+        mounted.sup.metrics.request(&method, status, took);
+        if let Some(path) = path {
+            tracing::info!(
+                target: "valve::access",
+                app = %mounted.config.name,
+                method = %method,
+                path = %path,
+                status,
+                duration_ms = took.as_secs_f64() * 1e3,
+                queue_ms = served.waited.as_secs_f64() * 1e3,
+                worker = served.worker,
+                "request"
+            );
+        }
+        resp
+    }
+}
+
+/// Serves until `shutdown.drain` fires, then drains within `grace` (or until
+/// `shutdown.now`): in-flight requests first, then Shiny sessions with what is
+/// left of the grace period.
+pub async fn run(
+    listener: TcpListener,
+    front: Arc<Front>,
+    shutdown: Shutdown,
+    limits: ClientLimits,
+    grace: Duration,
+) -> Drained {
+    let connections = TaskTracker::new();
+    let http = builder(limits);
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.drain.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    accept_failed(&e, "main");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let front = front.clone();
+        let service = service_fn(move |req| front.clone().handle(req, peer));
+        let conn =
+            http.serve_connection(TokioIo::new(ClientIo::new(stream, limits.client_timeout)), service).with_upgrades();
+        let drain = shutdown.drain.clone();
+        connections.spawn(async move {
+            tokio::pin!(conn);
+            // On drain, finish the request in flight (if any), then close.
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = drain.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, %peer, "client connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    connections.close();
+    let deadline = tokio::time::Instant::now() + grace;
+    let drained = tokio::select! {
+        _ = connections.wait() => {
+            tracing::info!("all requests finished");
+            Drained::Clean
+        }
+        _ = tokio::time::sleep_until(deadline) => {
+            tracing::warn!(grace_s = grace.as_secs_f64(), "requests still running after --graceful-timeout; stopping anyway");
+            Drained::Cut
+        }
+        _ = shutdown.now.cancelled() => Drained::Cut,
+    };
+    // Shiny sessions end when their browsers leave; give them what is left of
+    // the grace period, then close them (a closed session is not a lost request).
+    let sessions = &front.forwarder.sessions;
+    sessions.close();
+    if !sessions.is_empty() {
+        tracing::info!(sessions = sessions.len(), "waiting for open Shiny sessions to end");
+        tokio::select! {
+            _ = sessions.wait() => {}
+            _ = tokio::time::sleep_until(deadline) => tracing::info!("closing the Shiny sessions still open"),
+            _ = shutdown.now.cancelled() => {}
+        }
+        front.forwarder.close_sessions.cancel();
+    }
+    drained
+}
+
+fn builder(limits: ClientLimits) -> http1::Builder {
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).max_header_size(limits.max_head);
+    http
+}
+
+/// Out of file descriptors and the like: say so, once a second at most (the
+/// caller backs off instead of spinning).
+fn accept_failed(e: &io::Error, listener: &'static str) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    if LAST.swap(now, Ordering::Relaxed) != now {
+        tracing::warn!(listener, error = %e, "accept failed");
+    }
+}
+
+/// Serves valve's own pages on a listener of their own (`--admin-addr`) until
+/// valve exits: it stays up through the drain so readiness can say so.
+pub fn serve_admin(listener: TcpListener, admin: Arc<Admin>, limits: ClientLimits) {
+    let http = builder(limits);
+    tokio::spawn(async move {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    accept_failed(&e, "admin");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let admin = admin.clone();
+            let service = service_fn(move |req: Request<Incoming>| {
+                let admin = admin.clone();
+                async move {
+                    let path = req.uri().path();
+                    let resp = if is_admin_path(path) {
+                        admin.handle(path)
+                    } else {
+                        error(StatusCode::NOT_FOUND, "the admin listener serves /__valve__/ only")
+                    };
+                    Ok::<_, Infallible>(resp)
+                }
+            });
+            let conn = http.serve_connection(TokioIo::new(ClientIo::new(stream, limits.client_timeout)), service);
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+        }
+    });
+}
+
+/// The address to print for people and programs: the bound one.
+pub fn display_addr(addr: SocketAddr) -> String {
+    format!("http://{addr}")
+}
+
+/// A client's socket with a send timeout: a client that leaves an answer
+/// unread for `stall` has its connection closed. Answers are already held by
+/// valve, so this frees a connection and some buffer, never a worker.
+struct ClientIo {
+    inner: TcpStream,
+    stall: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl ClientIo {
+    fn new(inner: TcpStream, stall: Duration) -> Self {
+        ClientIo { inner, stall, timer: None }
+    }
+
+    fn stalled<T>(&mut self, cx: &mut Context<'_>, polled: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        match polled {
+            Poll::Ready(r) => {
+                self.timer = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                let stall = self.stall;
+                let timer = self.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "the client stopped reading")))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+impl AsyncRead for ClientIo {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ClientIo {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.stalled(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.stalled(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.stalled(cx, polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
