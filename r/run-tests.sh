@@ -89,10 +89,28 @@ echo "valve: installed in ${took} s"
 left=$(cd "$work/home" && find . -mindepth 1 | head -n 5)
 [ -z "$left" ] || fail "the install wrote to the home directory: $left"
 
+# 3b. The same tarball where there is no cargo: it installs, without the
+# binary, and says how to get one (the tests check what it said).
+nocargo_lib="$work/lib-nocargo"
+mkdir -p "$nocargo_lib" "$work/home-nocargo"
+nocargo_path="$(dirname "$(command -v "$R")"):/usr/bin:/bin"
+if PATH="$nocargo_path" command -v cargo >/dev/null 2>&1; then
+  echo "valve: cargo is in /usr/bin here: the install without cargo is not tested"
+  nocargo_lib=""
+else
+  HOME="$work/home-nocargo" PATH="$nocargo_path" env -u CARGO -u RUSTC \
+    "$R" CMD INSTALL --library="$nocargo_lib" "$tarball" >"$work/install-nocargo.log" 2>&1 || {
+    cat "$work/install-nocargo.log"
+    fail "R CMD INSTALL without cargo failed (log above)"
+  }
+  echo "valve: installed again without cargo: $(grep -c '^valve:' "$work/install-nocargo.log") lines of advice"
+fi
+
 # 4. The tests, against the installed package and its own binary.
 cd "$here" || exit 1
 env -u VALVE_BINARY R_LIBS="$lib${R_LIBS:+:$R_LIBS}" VALVE_TESTS_REQUIRE_BINARY=1 \
-  VALVE_TESTS_INSTALLED=1 NOT_CRAN=true \
+  VALVE_TESTS_INSTALLED=1 VALVE_TESTS_NOCARGO_LIB="$nocargo_lib" \
+  VALVE_TESTS_NOCARGO_LOG="$work/install-nocargo.log" NOT_CRAN=true \
   "$R" --no-echo --no-restore --no-save -e '
   options(valve.binary = NULL)
   res <- testthat::test_dir(
