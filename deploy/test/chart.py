@@ -86,6 +86,7 @@ SETS = {
     "keda": ["--set", "keda.enabled=true"],
     "config": ["--set-file", "config=CONFIG"],
     "extras": ["-f", "EXTRAS"],
+    "admin-off": ["--set", "admin.enabled=false"],
 }
 
 
@@ -193,6 +194,13 @@ def check_set(name, docs):
             fail("the config is not mounted at /etc/valve")
         if "checksum/config" not in find(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]:
             fail("a config change must roll the pods (checksum annotation)")
+    elif name == "admin-off":
+        c = container(docs)
+        ann = find(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+        if any(a.startswith("--admin-addr") for a in c["args"]) or [p["name"] for p in c["ports"]] != ["http"]:
+            fail(f"admin.enabled=false still runs an admin listener: {c['args']} {c['ports']}")
+        if ann.get("prometheus.io/port") != "3000":
+            fail(f"admin.enabled=false: Prometheus must scrape the main port, not {ann.get('prometheus.io/port')}")
     elif name == "extras":
         if find(docs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] != 120:
             fail("terminationGracePeriodSeconds override ignored")
