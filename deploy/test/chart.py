@@ -17,6 +17,7 @@ Prints `chart: ok (...)` or `chart: FAILED: ...` lines; exits 0 or 1.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -254,6 +255,7 @@ def main():
             fail(f"deploy/kubernetes/{fname} differs from the chart's rendering: run deploy/kubernetes/render")
         validated += validate(docs_of(fresh), f"deploy/kubernetes/{fname}")
 
+    shutil.rmtree(tmp, ignore_errors=True)
     for n in notes:
         print(f"chart: note: {n}")
     if failures:
