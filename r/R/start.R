@@ -194,10 +194,19 @@ abort_with_output <- function(header, lines, hints, class, call, ...) {
 # The part of valve's stderr that explains a failure: from its first
 # `valve: error:` (or argument parser `error:`) line on, else the last lines.
 error_lines <- function(log, tail_only = FALSE, n = 15) {
-  log <- cli::ansi_strip(log)
+  log <- plain_log_lines(log)
   first <- if (tail_only) integer() else grep("^(valve: )?error: ", log)
   lines <- if (length(first) > 0) log[first[[1]]:length(log)] else utils::tail(log, n)
   lines[nzchar(trimws(lines))]
+}
+
+# valve's log lines as a person reads them in an error: no colour, no
+# timestamp and level in front, no tracing fields (the app, a worker's id and
+# pid, the stream) behind.
+plain_log_lines <- function(log) {
+  log <- cli::ansi_strip(log)
+  log <- sub("^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z? +(TRACE|DEBUG|INFO|WARN|ERROR) ", "", log)
+  sub("( (app|worker|pid|stream)=(\"[^\"]*\"|[^ ]+))+$", "", log)
 }
 
 # Lines valve has finished writing: a ready line caught half-written must not

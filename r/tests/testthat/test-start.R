@@ -49,7 +49,7 @@ test_that("an API that cannot load fails valve_start() with valve's and R's mess
   err <- expect_error(valve_start(bad, timeout = 60), class = "valve_start_error")
   msg <- conditionMessage(err)
   expect_match(msg, "valve could not start (exit status 1)", fixed = TRUE)
-  expect_match(msg, "valve: error: the API could not start", fixed = TRUE)
+  expect_match(msg, "valve: error: the (API|app) could not start")
   expect_match(msg, "unexpected '{'", fixed = TRUE)
   expect_equal(err$status, 1L)
   expect_true(any(grepl("unexpected '{'", err$stderr, fixed = TRUE)))
@@ -66,7 +66,7 @@ test_that("flags valve refuses come back as an R error with valve's message", {
   expect_match(conditionMessage(err), "--n-min 5 is above --n-max 2", fixed = TRUE)
 
   err <- expect_error(valve_start(file.path(tempdir(), "nope.R")), class = "valve_start_error")
-  expect_match(conditionMessage(err), "API file not found", fixed = TRUE)
+  expect_match(conditionMessage(err), "(API file|app) not found")
 })
 
 test_that("a port in use fails with valve's message, and the first valve keeps serving", {
@@ -161,6 +161,18 @@ test_that("Prometheus text is parsed into name, labels and value", {
   expect_equal(m$name, c("valve_requests_total", "valve_queue_depth", "valve_request_duration_seconds_bucket"))
   expect_equal(m$labels, c('method="GET",status="200"', "", 'le="+Inf"'))
   expect_equal(m$value, c(12, 0, 12))
+})
+
+test_that("valve's log lines lose timestamps, levels and tracing fields in errors", {
+  log <- c(
+    '2026-11-23T09:16:42.576987Z  INFO   plumber.R:1:11: unexpected \'{\' worker=1 pid=17263 stream="stderr"',
+    '2026-11-23T09:16:42.643036Z ERROR valve: error: the app could not start: worker exited (exit code 4) app="plumber"',
+    '2026-11-23T09:16:42.643062Z ERROR   R:               ^ app="plumber"'
+  )
+  expect_equal(
+    valve:::error_lines(log),
+    c("valve: error: the app could not start: worker exited (exit code 4)", "  R:               ^")
+  )
 })
 
 test_that("the error quotes valve from its first error line on", {
