@@ -68,7 +68,7 @@
 .valve_env <- function(fixed, keys, hn, hv) {
   vals <- c(fixed, "", "1.1-0", hv)
   names(vals) <- c(.valve_fixed_keys, keys)
-  req <- list2env(as.list(vals), envir = new.env(parent = emptyenv()))
+  req <- list2env(as.vector(vals, "list"), envir = new.env(parent = emptyenv()))
   names(hv) <- hn
   req$HEADERS <- hv
   req
@@ -76,14 +76,21 @@
 
 # "text" (the protocol): every field followed by "\n": the number of headers
 # n, the 8 fixed fields, then n HTTP_* keys, n lower-case names, n values.
-# One rawToChar(), one strsplit(), contiguous slices.
+# One rawToChar(), one strsplit(), contiguous slices (.valve_env() inlined:
+# this runs on every request).
 .valve_decode_text <- function(head) {
   f <- strsplit(rawToChar(head), "\n", fixed = TRUE)[[1L]]
   n <- as.integer(f[1L])
   if (is.na(n) || length(f) != 9L + 3L * n) stop("malformed request head")
   if (n == 0L) return(.valve_env(f[2:9], character(0), character(0), character(0)))
   i <- 10L:(9L + n)
-  .valve_env(f[2:9], f[i], f[i + n], f[i + 2L * n])
+  hv <- f[i + 2L * n]
+  vals <- c(f[2:9], "", "1.1-0", hv)
+  names(vals) <- c(.valve_fixed_keys, f[i])
+  req <- list2env(as.vector(vals, "list"), envir = new.env(parent = emptyenv()))
+  names(hv) <- f[i + n]
+  req$HEADERS <- hv
+  req
 }
 
 # "lp": the same fields, length-prefixed: u32 count, count x u32 lengths, bytes.
@@ -119,7 +126,7 @@
 .valve_encode_answer <- function(resp, flags = 0L) {
   if (is.null(resp) || length(resp) == 0L) resp <- .valve_generic_error()
   status <- as.integer(resp$status)
-  if (length(status) != 1L || is.na(status)) stop("the answer's status is not one integer")
+  if (length(status) != 1L || is.na(status) || status < 0L) stop("the answer's status is not one integer >= 0")
   h <- resp$headers
   n <- length(h)
   if (n) {
@@ -133,7 +140,7 @@
         v
       }, "", USE.NAMES = FALSE)
     }
-    strs <- c(rbind(hn, hv))
+    strs <- if (n == 1L) c(hn, hv) else c(rbind(hn, hv))
     lens <- nchar(strs, type = "bytes")
     blob <- charToRaw(paste(strs, collapse = ""))
     # paste() re-encodes when strings carry different declared encodings;
@@ -208,7 +215,7 @@
   value
 }
 
-# Stage at which .valve_handle() failed -> the answer frame.
+# The answer to a request that failed at `stage`:
 #   1 building the request: the loop's fault (500 "ERROR: ...", flagged)
 #   2 in the app (onHeaders, call, a rejected promise): httpuv's 500 "ERROR: ..."
 #   3 turning the app's list into a frame: httpuv's 500 "An exception occurred."
@@ -222,40 +229,66 @@
   }, error = function(e2) .valve_last_resort)
 }
 
-# Runs one request frame through the app; returns the ANSWER frame (raw).
-# Never throws. One tryCatch() per request: `stage` tells the handler where
-# the error came from.
+# Where a request stands, for whoever handles an error it raises: `active`
+# (a request is being served), `stage` (see .valve_failed) and `input` (the
+# body's connection, to close).
+.valve_state <- function() {
+  st <- new.env(parent = emptyenv())
+  st$active <- FALSE
+  st$stage <- 1L
+  st$input <- NULL
+  st
+}
+
+.valve_close_input <- function(st) {
+  if (!is.null(st$input)) {
+    tryCatch(close(st$input), error = function(e) NULL)  # the app may have closed it
+    st$input <- NULL
+  }
+}
+
+# Runs one request frame through the app; returns the ANSWER frame (raw). It
+# has no tryCatch() of its own (one costs ~40k instructions, a tenth of the
+# loop's whole cost): an error unwinds to the caller's handler, which answers
+# with .valve_failed(e, st$stage).
+.valve_request <- function(app, ctx, head, body, body_is_file, st) {
+  st$stage <- 1L
+  req <- ctx$decode(head)
+  if (body_is_file) {
+    path <- rawToChar(body)
+    st$input <- file(path, open = "rb")
+    req$rook.input <- ctx$InputStream$new(st$input, file.size(path))
+  } else if (length(body)) {
+    st$input <- rawConnection(body, open = "rb")
+    req$rook.input <- ctx$InputStream$new(st$input, length(body))
+  } else {
+    req$rook.input <- ctx$null_input
+  }
+  # What httpuv's rookCall() adds before calling the app.
+  req$rook.errors <- ctx$errors
+  req$httpuv.version <- ctx$version
+  if (!is.null(v <- req$HTTP_CONTENT_TYPE)) req$CONTENT_TYPE <- v
+  if (!is.null(v <- req$HTTP_CONTENT_LENGTH)) req$CONTENT_LENGTH <- v
+  st$stage <- 2L
+  # httpuv's AppWrapper: onHeaders first (plumber answers 413 there), then call.
+  resp <- if (ctx$has_on_headers) app$onHeaders(req)
+  if (is.null(resp) || length(resp) == 0L) {
+    resp <- app$call(req)
+    if (inherits(resp, "promise")) resp <- .valve_await(resp)
+  }
+  st$stage <- 3L
+  answer <- .valve_encode_answer(resp)
+  .valve_close_input(st)
+  answer
+}
+
+# One request, errors included: never throws (the warm-up and tests use it;
+# the serving loop handles errors once for all requests instead).
 .valve_handle <- function(app, ctx, head, body, body_is_file) {
-  input <- NULL
-  stage <- 1L
-  answer <- tryCatch({
-    req <- ctx$decode(head)
-    if (body_is_file) {
-      path <- rawToChar(body)
-      input <- file(path, open = "rb")
-      req$rook.input <- ctx$InputStream$new(input, file.size(path))
-    } else if (length(body)) {
-      input <- rawConnection(body, open = "rb")
-      req$rook.input <- ctx$InputStream$new(input, length(body))
-    } else {
-      req$rook.input <- ctx$null_input
-    }
-    # What httpuv's rookCall() adds before calling the app.
-    req$rook.errors <- ctx$errors
-    req$httpuv.version <- ctx$version
-    if (!is.null(v <- req$HTTP_CONTENT_TYPE)) req$CONTENT_TYPE <- v
-    if (!is.null(v <- req$HTTP_CONTENT_LENGTH)) req$CONTENT_LENGTH <- v
-    stage <- 2L
-    # httpuv's AppWrapper: onHeaders first (plumber answers 413 there), then call.
-    resp <- if (ctx$has_on_headers) app$onHeaders(req)
-    if (is.null(resp) || length(resp) == 0L) {
-      resp <- app$call(req)
-      if (inherits(resp, "promise")) resp <- .valve_await(resp)
-    }
-    stage <- 3L
-    .valve_encode_answer(resp)
-  }, error = function(e) .valve_failed(e, stage))
-  if (!is.null(input)) tryCatch(close(input), error = function(e) NULL)  # the app may have closed it
+  st <- .valve_state()
+  answer <- tryCatch(.valve_request(app, ctx, head, body, body_is_file, st),
+                     error = function(e) .valve_failed(e, st$stage))
+  .valve_close_input(st)
   answer
 }
 
@@ -272,20 +305,20 @@
 # ---------------------------------------------------------------------------
 # `later` between requests
 
-# later's own run_now() and next_op_secs() look the current loop up on every
-# call (a few microseconds each, twice a request). Between requests the
-# current loop is always the global one, so call later's internals with its
-# id, falling back to the exported functions if a later release renames them.
+# later's exported next_op_secs() and run_now() look the current loop up on
+# every call (60k instructions, twice a request). Between requests the current
+# loop is always the global one, so call later's registered routines with its
+# id directly; fall back to the exported functions if a later release renames
+# them.
 .valve_later <- function() {
-  ns <- asNamespace("later")
-  nxt <- get0("nextOpSecs", ns, mode = "function", inherits = FALSE)
-  run <- get0("execCallbacks", ns, mode = "function", inherits = FALSE)
   id <- tryCatch(later::global_loop()$id, error = function(e) NULL)
-  ok <- !is.null(nxt) && !is.null(run) && is.numeric(id) &&
-    isTRUE(tryCatch(is.numeric(nxt(id)), error = function(e) FALSE))
+  nxt <- tryCatch(getNativeSymbolInfo("_later_nextOpSecs", "later"), error = function(e) NULL)
+  run <- tryCatch(getNativeSymbolInfo("_later_execCallbacks", "later"), error = function(e) NULL)
+  ok <- is.numeric(id) && !is.null(nxt) && !is.null(run) &&
+    isTRUE(tryCatch(is.numeric(.Call(nxt, id)), error = function(e) FALSE))
   if (!ok) return(list(next_op = function() later::next_op_secs(later::global_loop()),
                        run = function() later::run_now(0, loop = later::global_loop())))
-  list(next_op = function() nxt(id), run = function() run(0, TRUE, id))
+  list(next_op = function() .Call(nxt, id), run = function() .Call(run, 0, TRUE, id))
 }
 
 # Blocks until valve has sent something (or closed the connection), running
@@ -393,7 +426,8 @@ valve_warm_up <- function(app, rounds = 3L) {
   # The loop's I/O helpers cannot run before valve is connected; without this
   # R's JIT compiles them on the first frame (15-30 ms).
   env <- environment(valve_warm_up)
-  for (f in c(".valve_wait_readable", ".valve_read", ".valve_u64", ".valve_hello", ".valve_connect")) {
+  for (f in c(".valve_serve", ".valve_recover", ".valve_wait_readable", ".valve_read", ".valve_u64",
+              ".valve_hello", ".valve_connect")) {
     assign(f, compiler::cmpfun(get(f, envir = env)), envir = env)
   }
   proc.time()[["elapsed"]] - t0
@@ -413,25 +447,37 @@ valve_warm_up <- function(app, rounds = 3L) {
 #' @param encoding request-head encoding: "text" (the protocol); others for bench only.
 valve_serve_frames <- function(app, port, token, worker_id, host = "127.0.0.1", warm_up = TRUE,
                                encoding = "text") {
-  F <- .valve_frame
   ctx <- .valve_context(app, encoding)
   if (isTRUE(warm_up)) valve_warm_up(app)
   lt <- .valve_later()
   con <- .valve_connect(host, port)
   on.exit(close(con))
   .valve_hello(con, token, worker_id)
+  st <- .valve_state()
+  # One error handler for all requests: an error inside a request unwinds
+  # here, is answered (500), and serving resumes; an error outside one (a
+  # broken frame, valve gone mid-frame) ends the worker.
+  while (!tryCatch(.valve_serve(con, app, ctx, lt, st), error = function(e) .valve_recover(e, con, st))) NULL
+  invisible(TRUE)
+}
+
+# Serves frames until EOF (returns TRUE). Errors propagate to valve_serve_frames().
+.valve_serve <- function(con, app, ctx, lt, st) {
+  F <- .valve_frame
   repeat {
     .valve_wait_readable(con, lt)
-    hdr <- readBin(con, raw(), 16L)
-    if (length(hdr) == 0L) break  # EOF: valve closed the connection; the worker ends
-    if (length(hdr) != 16L) stop("connection to valve closed mid-frame")
-    ints <- readBin(hdr, "integer", 4L, endian = "big")
-    head <- .valve_read(con, ints[2L])
-    body <- .valve_read(con, if (ints[3L] == 0L) ints[4L] else .valve_u64(ints[3L], ints[4L]))
-    type <- as.integer(hdr[1L])
+    # The 16-byte header as 4 big-endian ints: type and flags in the first.
+    h <- readBin(con, "integer", 4L, endian = "big")
+    if (length(h) == 0L) return(TRUE)  # EOF: valve closed the connection; the worker ends
+    if (length(h) != 4L) stop("connection to valve closed mid-frame")
+    type <- h[1L] %/% 16777216L
+    head <- .valve_read(con, h[2L])
+    body <- .valve_read(con, if (h[3L] == 0L) h[4L] else .valve_u64(h[3L], h[4L]))
     if (type == F$REQUEST) {
-      # One write: the whole answer frame leaves at once.
-      writeBin(.valve_handle(app, ctx, head, body, bitwAnd(as.integer(hdr[2L]), F$REQ_BODY_FILE) != 0L), con)
+      st$active <- TRUE
+      answer <- .valve_request(app, ctx, head, body, (h[1L] %/% 65536L) %% 2L == 1L, st)
+      st$active <- FALSE
+      writeBin(answer, con)  # one write: the whole answer frame leaves at once
     } else if (type == F$PING) {
       writeBin(c(as.raw(c(F$PONG, 0L, 0L, 0L)), writeBin(c(length(head) + 4L, 0L, 0L), raw(), endian = "big"),
                  head, writeBin(Sys.getpid(), raw(), endian = "big")), con)
@@ -439,5 +485,14 @@ valve_serve_frames <- function(app, port, token, worker_id, host = "127.0.0.1", 
       stop("unknown frame type ", type, " from valve")
     }
   }
-  invisible(TRUE)
+}
+
+# The handler for an error that escaped .valve_serve(): answer the request it
+# came from and go on (FALSE), or end the worker if it was not in a request.
+.valve_recover <- function(e, con, st) {
+  if (!isTRUE(st$active)) stop(e)
+  st$active <- FALSE
+  .valve_close_input(st)
+  writeBin(.valve_failed(e, st$stage), con)
+  FALSE
 }
