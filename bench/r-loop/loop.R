@@ -389,16 +389,16 @@
 #' Returns the seconds it took.
 valve_warm_up <- function(app, rounds = 3L) {
   t0 <- proc.time()[["elapsed"]]
-  head <- function(method, path, query, extra = character(0)) {
+  frame_head <- function(method, path, query, extra = character(0)) {
     h <- c("host", "user-agent", extra)
     v <- c("127.0.0.1", "valve-warm-up", if (length(extra)) c("application/json", "13"))
     charToRaw(paste0(c(length(h), method, path, query, "127.0.0.1", "0", "127.0.0.1", "0", "http",
                        paste0("HTTP_", chartr("abcdefghijklmnopqrstuvwxyz-", "ABCDEFGHIJKLMNOPQRSTUVWXYZ_", h)),
                        h, v), "\n", collapse = ""))
   }
-  get <- head("GET", "/__valve__/warm-up", "?msg=warm-up")
-  post <- head("POST", "/__valve__/warm-up", "", c("content-type", "content-length"))
-  body <- charToRaw('{"a":1,"b":2}')
+  get_head <- frame_head("GET", "/__valve__/warm-up", "?msg=warm-up")
+  post_head <- frame_head("POST", "/__valve__/warm-up", "", c("content-type", "content-length"))
+  post_body <- charToRaw('{"a":1,"b":2}')
   if ("plumber" %in% loadedNamespaces()) {
     scratch <- tryCatch({
       pr <- plumber::pr()
@@ -409,13 +409,13 @@ valve_warm_up <- function(app, rounds = 3L) {
     if (!is.null(scratch)) {
       ctx <- .valve_context(scratch)
       for (i in seq_len(rounds)) {
-        .valve_handle(scratch, ctx, get, raw(0), FALSE)
-        .valve_handle(scratch, ctx, post, body, FALSE)
+        .valve_handle(scratch, ctx, get_head, raw(0), FALSE)
+        .valve_handle(scratch, ctx, post_head, post_body, FALSE)
       }
     }
   }
   ctx <- .valve_context(app)
-  for (i in seq_len(rounds)) .valve_handle(app, ctx, get, raw(0), FALSE)
+  for (i in seq_len(rounds)) .valve_handle(app, ctx, get_head, raw(0), FALSE)
   # The answer paths the requests above do not take.
   .valve_encode_answer(list(status = 200L, headers = list(a = "b", c = 1), body = raw(1)))
   .valve_encode_answer(list(status = 204L, headers = NULL, body = NULL))
