@@ -173,7 +173,8 @@ pub async fn run(
     let front = Front::new(
         router.clone(),
         Forwarder::new(run_dir.path().to_path_buf(), CLIENT_TIMEOUT),
-        admin_addr.is_none().then(|| admin.clone()),
+        admin.clone(),
+        config.server.admin_on_main,
         shutdown.signalled.clone(),
         config.server.access_log,
     );

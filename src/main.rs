@@ -41,6 +41,7 @@ fn main() -> ExitCode {
         }
     };
     let log = valve::log::init(json);
+    raise_descriptor_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.server.threads)
         .thread_name("valve")
@@ -56,6 +57,19 @@ fn main() -> ExitCode {
     let code = runtime.block_on(serve(config, &log));
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     code
+}
+
+/// Every client connection, spooled body and worker socket is a descriptor:
+/// take all the system allows this process.
+fn raise_descriptor_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            tracing::warn!(error = %e, "cannot raise the open-files limit");
+        }
+    }
 }
 
 /// Whether JSON logs were asked for in flags clap could not parse.

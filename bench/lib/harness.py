@@ -396,7 +396,7 @@ def pin_binary(binary: Path, workdir: Path) -> Path:
     """A private copy of the binary to run, so a rebuild of target/release
     during the benchmark neither changes what is measured nor breaks perf's
     symbols."""
-    (workdir / "bin").mkdir(exist_ok=True)
+    (workdir / "bin").mkdir(parents=True, exist_ok=True)
     dst = workdir / "bin" / binary.name
     shutil.copy2(binary, dst)
     return dst

@@ -89,10 +89,19 @@ impl Admin {
         !self.stopping.is_cancelled() && self.router.current().apps().iter().all(|m| m.sup.ready())
     }
 
-    /// Answers a path for which `is_admin_path` holds.
-    pub fn handle(&self, path: &str) -> Response<ReplyBody> {
+    /// Answers a path for which `is_admin_path` holds. `private`: the
+    /// request came to the admin listener (or the main port serves all pages);
+    /// otherwise only health and readiness are answered.
+    pub fn handle(&self, path: &str, private: bool) -> Response<ReplyBody> {
         let plain = "text/plain; charset=utf-8";
-        match path.strip_prefix(PREFIX).unwrap_or("") {
+        let page = path.strip_prefix(PREFIX).unwrap_or("");
+        if !private && !matches!(page, "/healthz" | "/readyz") {
+            return error(
+                StatusCode::NOT_FOUND,
+                "valve's metrics, status and dashboard are on its admin address (see --admin-addr and the ready line), not on this port",
+            );
+        }
+        match page {
             "" => redirect(&format!("{PREFIX}/")),
             "/healthz" => text(StatusCode::OK, plain, "ok\n"),
             "/readyz" => {

@@ -3,13 +3,14 @@
 //! its worker through the `valve_worker` cookie while the worker lives.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
 
 use super::pool::WorkerId;
-use crate::worker::{Connect, Exit};
+use crate::worker::{Conn, Connect, Exit, WireBody};
 
-/// The worker a Shiny request goes to.
+/// The worker a Shiny request goes to, and the connection it goes on.
 pub struct Sticky {
     pub worker: WorkerId,
     pub connector: Arc<dyn Connect>,
@@ -20,4 +21,52 @@ pub struct Sticky {
     pub token: u64,
     /// The worker's exit, once its watcher has seen it.
     pub exit: watch::Receiver<Option<Exit>>,
+    conn: Option<Conn>,
+    refused: bool,
+}
+
+impl Sticky {
+    pub(super) fn new(
+        worker: WorkerId,
+        connector: Arc<dyn Connect>,
+        new: bool,
+        token: u64,
+        exit: watch::Receiver<Option<Exit>>,
+    ) -> Self {
+        Sticky { worker, connector, new, token, exit, conn: None, refused: false }
+    }
+
+    /// A fresh connection to the worker (`upgradable` for a WebSocket).
+    pub async fn connect(&mut self, upgradable: bool) -> std::io::Result<()> {
+        match self.connector.connect(upgradable).await {
+            Ok(conn) => {
+                self.conn = Some(conn);
+                Ok(())
+            }
+            Err(e) => {
+                self.refused = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether the worker refused a connection (so it is gone or broken).
+    pub fn unreachable(&self) -> bool {
+        self.refused
+    }
+
+    pub async fn send(
+        &mut self,
+        req: http::Request<WireBody>,
+    ) -> Result<http::Response<hyper::body::Incoming>, String> {
+        let conn = self.conn.as_mut().ok_or_else(|| "not connected".to_string())?;
+        conn.ready().await.map_err(|e| e.to_string())?;
+        conn.send(req).await.map_err(|e| e.to_string())
+    }
+
+    /// How the worker ended, if it has within `wait`.
+    pub async fn exit_within(&mut self, wait: Duration) -> Option<Exit> {
+        let _ = tokio::time::timeout(wait, self.exit.wait_for(Option::is_some)).await;
+        self.exit.borrow().clone()
+    }
 }

@@ -995,7 +995,7 @@ fn gauges(pool: &Pool<Waiter>) -> Gauges {
 
 fn sticky_for(app: &AppState, id: WorkerId, new: bool, token: u64) -> Option<Sticky> {
     let live = app.live.get(&id)?;
-    Some(Sticky { worker: id, connector: live.connector.clone(), new, token, exit: live.exit.clone() })
+    Some(Sticky::new(id, live.connector.clone(), new, token, live.exit.clone()))
 }
 
 fn spawn_starts(start: Option<(Arc<Supervisor>, Start)>) {

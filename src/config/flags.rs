@@ -95,10 +95,17 @@ pub struct Args {
     #[arg(long, env = "VALVE_PRELOAD")]
     pub preload: bool,
 
-    /// Serve valve's own pages (/__valve__/healthz, readyz, metrics, status, the dashboard) on this
-    /// separate HOST:PORT instead of the main port, e.g. when the main port faces the internet.
-    #[arg(long = "admin-addr", env = "VALVE_ADMIN_ADDR", value_name = "HOST:PORT")]
-    pub admin_addr: Option<String>,
+    /// Where valve's own pages are served: metrics, status and the dashboard (/__valve__/),
+    /// and health and readiness too. Loopback on a free port by default (its address is in the
+    /// ready line); 0.0.0.0:9090 for a Prometheus in a cluster; `off` for none. Health and
+    /// readiness are always on the main port as well, for load balancers and probes.
+    #[arg(long = "admin-addr", env = "VALVE_ADMIN_ADDR", default_value = "127.0.0.1:0", value_name = "HOST:PORT")]
+    pub admin_addr: String,
+
+    /// Also serve metrics, status and the dashboard on the main port (they reveal paths, pids and
+    /// the configuration: only where the main port is private).
+    #[arg(long = "admin-on-main", env = "VALVE_ADMIN_ON_MAIN")]
+    pub admin_on_main: bool,
 
     /// Turn off the access log (one line per request).
     #[arg(long = "no-access-log", env = "VALVE_NO_ACCESS_LOG")]
@@ -204,7 +211,11 @@ impl Args {
             header_timeout: parse_seconds("--header-timeout", &self.header_timeout, false)?,
             drain_delay: parse_seconds("--drain-delay", &self.drain_delay, true)?,
             check_unused: parse_seconds("--check-unused", &self.check_unused, false)?,
-            admin_addr: self.admin_addr,
+            admin_addr: match self.admin_addr.trim() {
+                "off" | "none" | "" => None,
+                addr => Some(addr.to_string()),
+            },
+            admin_on_main: self.admin_on_main,
             access_log: !self.no_access_log,
             log_json: self.log_format == "json",
             max_workers: self.n_max,

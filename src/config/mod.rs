@@ -35,7 +35,10 @@ pub struct Server {
     pub drain_delay: Duration,
     /// How often apps look for unused workers (and sample worker memory).
     pub check_unused: Duration,
+    /// The admin listener (`None`: none).
     pub admin_addr: Option<String>,
+    /// Serve metrics, status and the dashboard on the main port too.
+    pub admin_on_main: bool,
     pub access_log: bool,
     pub log_json: bool,
     /// The most R workers across every app.

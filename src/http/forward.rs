@@ -21,6 +21,8 @@
 use std::hash::BuildHasher;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -34,7 +36,7 @@ use tokio_util::task::TaskTracker;
 use super::body::{read_whole, Payload, ReadError};
 use super::reply::{error, redirect, ReplyBody};
 use super::router::Mounted;
-use crate::app::{Retire, Supervisor, Unavailable, WorkerId};
+use crate::app::{Lease, Retire, Sticky, Supervisor, Unavailable, WorkerId};
 use crate::metrics::Rejection;
 use crate::worker::{Exit, WireBody};
 
@@ -130,6 +132,74 @@ enum Fail {
     Worker(String),
 }
 
+/// A worker's answer: read whole (plumber) or streamed (Shiny).
+enum Answer {
+    Whole(Payload),
+    Stream(Incoming),
+}
+
+/// The worker a request holds: a lease (plumber: one request at a time) or
+/// the browser's sticky worker (Shiny: many sessions at once), and the
+/// connection the request goes on.
+enum Seat {
+    Lease(Lease),
+    Sticky(Sticky),
+}
+
+impl Seat {
+    fn worker(&self) -> WorkerId {
+        match self {
+            Seat::Lease(l) => l.worker,
+            Seat::Sticky(s) => s.worker,
+        }
+    }
+
+    fn waited(&self) -> Duration {
+        match self {
+            Seat::Lease(l) => l.waited,
+            Seat::Sticky(_) => Duration::ZERO,
+        }
+    }
+
+    async fn connect(&mut self, upgradable: bool) -> std::io::Result<()> {
+        match self {
+            Seat::Lease(l) => l.connect().await,
+            Seat::Sticky(s) => s.connect(upgradable).await,
+        }
+    }
+
+    async fn send(&mut self, req: Request<WireBody>) -> Result<Response<Incoming>, String> {
+        match self {
+            Seat::Lease(l) => l.send(req).await,
+            Seat::Sticky(s) => s.send(req).await,
+        }
+    }
+
+    /// The exchange failed: a leased worker is retired before anyone else can
+    /// have it; a Shiny worker serves other sessions, so only a refused
+    /// connection or a timeout (R stuck for all of them) retires it.
+    fn failed(&mut self, sup: &Arc<Supervisor>, reason: Retire) {
+        match self {
+            Seat::Lease(l) => l.broken(reason),
+            Seat::Sticky(s) if reason != Retire::Broken || s.unreachable() => sup.retire(s.worker, reason),
+            Seat::Sticky(_) => {}
+        }
+    }
+
+    fn answered(&mut self, reusable: bool) {
+        if let Seat::Lease(l) = self {
+            l.answered(reusable);
+        }
+    }
+
+    async fn exit_within(&mut self, wait: Duration) -> Option<Exit> {
+        match self {
+            Seat::Lease(l) => l.exit_within(wait).await,
+            Seat::Sticky(s) => s.exit_within(wait).await,
+        }
+    }
+}
+
 impl Forwarder {
     pub fn new(spool: PathBuf, client_timeout: Duration) -> Self {
         Forwarder {
@@ -214,36 +284,52 @@ impl Forwarder {
             }
         };
         let head = worker_head(parts, path, peer, &cfg.prefix, &payload, websocket);
-        let resp = if cfg.is_shiny() {
-            self.shiny(app, head, payload, client_upgrade, served).await
-        } else {
-            self.plumber(app, head, payload, served).await
-        };
-        let mut resp = resp;
+        let mut resp = self.exchange(app, head, payload, client_upgrade, served).await;
         if cfg.prefix != "/" {
             under_prefix(resp.headers_mut(), &cfg.prefix);
         }
         resp
     }
 
-    async fn plumber(&self, app: &Mounted, head: Head, payload: Payload, served: &mut Served) -> Response<ReplyBody> {
-        let sup = &app.sup;
-        let root = head.uri.path() == "/" && matches!(head.method, Method::GET | Method::HEAD);
+    /// The exchange, for plumber and Shiny alike: one worker (a lease, or the
+    /// browser's sticky worker), one timeout, one retry rule.
+    async fn exchange(
+        &self,
+        app: &Mounted,
+        head: Head,
+        payload: Payload,
+        client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+        served: &mut Served,
+    ) -> Response<ReplyBody> {
+        let shiny = app.config.is_shiny();
+        let websocket = client_upgrade.is_some();
+        let mut wanted = if shiny { self.sticky_worker(&head.headers) } else { None };
+        // A browser whose worker belongs to an older generation (a reload) stays with it.
+        let sup: &Arc<Supervisor> = wanted
+            .and_then(|(id, _)| std::iter::once(&app.sup).chain(app.older.iter()).find(|s| s.owns(id)))
+            .unwrap_or(&app.sup);
+        let token = wanted.map(|(_, t)| t).unwrap_or_else(|| self.browsers.fetch_add(1, Ordering::Relaxed));
         let mut replayable = replayable(&head, &payload);
-        let mut refused = 0;
-        loop {
-            let mut lease = match sup.lease().await {
-                Ok(lease) => lease,
+        let mut unreachable = 0;
+        let (mut seat, parts, body) = loop {
+            let mut seat = match if shiny {
+                sup.sticky(wanted, token).await.map(Seat::Sticky)
+            } else {
+                sup.lease().await.map(Seat::Lease)
+            } {
+                Ok(seat) => seat,
                 Err(e) => return unavailable(&e),
             };
-            let worker = lease.worker;
+            let worker = seat.worker();
             served.worker = Some(worker);
-            served.waited += lease.waited;
-            if let Err(e) = lease.connect().await {
+            served.waited += seat.waited();
+            // Nothing is sent if this fails, so any request may go to another worker.
+            if let Err(e) = seat.connect(websocket).await {
                 tracing::warn!(app = %sup.settings.name, worker, error = %e, "worker unreachable; taking it out of service");
-                lease.broken(Retire::Broken);
-                refused += 1;
-                if refused < CONNECT_TRIES {
+                seat.failed(sup, Retire::Broken);
+                unreachable += 1;
+                if unreachable < CONNECT_TRIES {
+                    wanted = None;
                     continue;
                 }
                 sup.metrics.reject(Rejection::WorkerFailed);
@@ -252,28 +338,28 @@ impl Forwarder {
             let req = head.request(payload.wire());
             let spool = &self.spool;
             let exchange = async {
-                let resp = lease.send(req).await.map_err(Fail::Worker)?;
+                let resp = seat.send(req).await.map_err(Fail::Worker)?;
                 let (parts, body) = resp.into_parts();
-                let body = read_whole(body, None, None, spool).await.map_err(|e| Fail::Worker(e.to_string()))?;
+                // A plumber answer is read whole at the worker's speed, so the worker
+                // goes back before the client has read a byte; a Shiny answer streams.
+                let body = if shiny {
+                    Answer::Stream(body)
+                } else {
+                    Answer::Whole(read_whole(body, None, None, spool).await.map_err(|e| Fail::Worker(e.to_string()))?)
+                };
                 Ok::<_, Fail>((parts, body))
             };
-            let outcome = match sup.settings.request_timeout {
+            // An open WebSocket has no time limit; anything else does.
+            let outcome = match sup.settings.request_timeout.filter(|_| !websocket) {
                 Some(limit) => tokio::time::timeout(limit, exchange).await.unwrap_or(Err(Fail::Timeout(limit))),
                 None => exchange.await,
             };
             match outcome {
-                Ok((parts, body)) => {
-                    lease.answered(!closes(&parts.headers));
-                    drop(lease);
-                    if root && parts.status == StatusCode::NOT_FOUND {
-                        // The API has no `/` route: send people to the docs, as the reference tool did.
-                        return redirect(&join(&app.config.prefix, DOCS_PATH));
-                    }
-                    return answer(parts, body.reply());
-                }
+                Ok((parts, body)) => break (seat, parts, body),
                 Err(Fail::Timeout(limit)) => {
+                    // R was stuck (for every session on it, if it is a Shiny worker).
                     tracing::warn!(app = %sup.settings.name, worker, limit_s = limit.as_secs_f64(), "request timed out; killing its worker");
-                    lease.broken(Retire::Timeout);
+                    seat.failed(sup, Retire::Timeout);
                     sup.metrics.reject(Rejection::RequestTimeout);
                     return error(
                         StatusCode::GATEWAY_TIMEOUT,
@@ -284,138 +370,70 @@ impl Forwarder {
                     );
                 }
                 Err(Fail::Worker(e)) => {
-                    let exit = lease.exit_within(EXIT_WAIT).await;
-                    lease.broken(Retire::Broken);
-                    drop(lease);
+                    let exit = seat.exit_within(EXIT_WAIT).await;
+                    seat.failed(sup, Retire::Broken);
+                    drop(seat);
                     if let Some(exit) = exit.filter(Exit::self_inflicted) {
-                        tracing::warn!(app = %sup.settings.name, worker, status = exit.describe(),
-                            "a request ended its worker; it is not retried");
+                        tracing::warn!(app = %sup.settings.name, worker, status = exit.describe(), "a request ended its worker; it is not retried");
                         sup.metrics.reject(Rejection::WorkerFailed);
                         return error(
                             StatusCode::BAD_GATEWAY,
                             &format!("the request ended its R worker ({}); it was not retried", exit.describe()),
                         );
                     }
-                    tracing::warn!(app = %sup.settings.name, worker, error = %e, "worker failed while handling a request; taken out of service");
+                    tracing::warn!(app = %sup.settings.name, worker, error = %e, "worker failed while handling a request");
                     if std::mem::take(&mut replayable) {
+                        wanted = None;
                         continue;
                     }
                     sup.metrics.reject(Rejection::WorkerFailed);
                     return error(StatusCode::BAD_GATEWAY, "the R worker died while handling the request");
                 }
             }
-        }
-    }
-
-    /// Shiny: every request of a browser goes to its sticky worker; a WebSocket
-    /// upgrade is spliced both ways and counts as a session on that worker.
-    async fn shiny(
-        &self,
-        app: &Mounted,
-        head: Head,
-        payload: Payload,
-        client_upgrade: Option<hyper::upgrade::OnUpgrade>,
-        served: &mut Served,
-    ) -> Response<ReplyBody> {
-        let websocket = client_upgrade.is_some();
-        let mut wanted = self.sticky_worker(&head.headers);
-        // The generation holding the browser's worker (an older one keeps its sessions after a reload).
-        let sup: &std::sync::Arc<Supervisor> = wanted
-            .and_then(|(id, _)| std::iter::once(&app.sup).chain(app.older.iter()).find(|s| s.owns(id)))
-            .unwrap_or(&app.sup);
-        let token =
-            wanted.map(|(_, t)| t).unwrap_or_else(|| self.browsers.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-        let replayable = replayable(&head, &payload);
-        let mut failed = 0;
-        let (sticky, mut resp) = loop {
-            let sticky = match sup.sticky(wanted, token).await {
-                Ok(s) => s,
-                Err(e) => return unavailable(&e),
-            };
-            served.worker = Some(sticky.worker);
-            let mut conn = match sticky.connector.connect(websocket).await {
-                Ok(conn) => conn,
-                Err(e) => {
-                    tracing::warn!(app = %sup.settings.name, worker = sticky.worker, error = %e, "worker unreachable; taking it out of service");
-                    sup.retire(sticky.worker, Retire::Broken);
-                    failed += 1;
-                    if failed >= CONNECT_TRIES {
-                        sup.metrics.reject(Rejection::WorkerFailed);
-                        return error(StatusCode::BAD_GATEWAY, "no R worker could be reached; reload the page");
-                    }
-                    wanted = None;
-                    continue;
+        };
+        // A browser placed on a worker just now learns which, in its sticky cookie.
+        let cookie = match &seat {
+            Seat::Sticky(sticky) if sticky.new => {
+                let path = if app.config.prefix == "/" { "/".to_string() } else { format!("{}/", app.config.prefix) };
+                HeaderValue::from_str(&format!(
+                    "{STICKY_COOKIE}={}.{:x}.{:016x}; Path={path}; HttpOnly; SameSite=Lax",
+                    sticky.worker,
+                    sticky.token,
+                    self.cookie_key.hash_one((sticky.worker, sticky.token))
+                ))
+                .ok()
+            }
+            _ => None,
+        };
+        let mut out = match body {
+            Answer::Whole(payload) => {
+                seat.answered(!closes(&parts.headers));
+                drop(seat);
+                let root = head.uri.path() == "/" && matches!(head.method, Method::GET | Method::HEAD);
+                if root && parts.status == StatusCode::NOT_FOUND {
+                    // The API has no `/` route: send people to the docs, as the reference tool did.
+                    return redirect(&join(&app.config.prefix, DOCS_PATH));
                 }
-            };
-            let req = head.request(payload.wire());
-            let sent = async {
-                conn.ready().await?;
-                conn.send(req).await
-            };
-            let answer = match (websocket, sup.settings.request_timeout) {
-                (false, Some(limit)) => match tokio::time::timeout(limit, sent).await {
-                    Ok(answer) => answer,
-                    Err(_) => {
-                        // R was stuck for every session on that worker.
-                        tracing::warn!(app = %sup.settings.name, worker = sticky.worker, limit_s = limit.as_secs_f64(),
-                            "request timed out; replacing its Shiny worker");
-                        sup.retire(sticky.worker, Retire::Timeout);
-                        sup.metrics.reject(Rejection::RequestTimeout);
-                        return error(
-                            StatusCode::GATEWAY_TIMEOUT,
-                            "the R worker took longer than --request-timeout and was restarted",
-                        );
+                answer(parts, payload.reply())
+            }
+            Answer::Stream(body) => {
+                let mut resp = Response::from_parts(parts, body);
+                match (client_upgrade, resp.status()) {
+                    (Some(client), StatusCode::SWITCHING_PROTOCOLS) => {
+                        let worker_upgrade = hyper::upgrade::on(&mut resp);
+                        self.splice(client, worker_upgrade, sup.clone(), seat.worker(), token);
+                        let (parts, _) = resp.into_parts();
+                        Response::from_parts(parts, ReplyBody::Empty)
                     }
-                },
-                _ => sent.await,
-            };
-            match answer {
-                Ok(resp) => break (sticky, resp),
-                Err(e) => {
-                    tracing::warn!(app = %sup.settings.name, worker = sticky.worker, error = %e, "request to Shiny worker failed");
-                    let mut exit_rx = sticky.exit.clone();
-                    let _ = tokio::time::timeout(EXIT_WAIT, exit_rx.wait_for(Option::is_some)).await;
-                    let exit = exit_rx.borrow().clone();
-                    if let Some(exit) = exit.filter(Exit::self_inflicted) {
-                        sup.metrics.reject(Rejection::WorkerFailed);
-                        return error(
-                            StatusCode::BAD_GATEWAY,
-                            &format!("the request ended its R worker ({}); it was not retried", exit.describe()),
-                        );
+                    _ => {
+                        let (parts, body) = resp.into_parts();
+                        answer(parts, ReplyBody::Stream(body))
                     }
-                    failed += 1;
-                    if replayable && failed < CONNECT_TRIES {
-                        // If the worker is dead the next connect to it is refused and
-                        // takes it out of service; a live one just gets the retry.
-                        wanted = None;
-                        continue;
-                    }
-                    sup.metrics.reject(Rejection::WorkerFailed);
-                    return error(StatusCode::BAD_GATEWAY, "the R worker failed to answer");
                 }
             }
         };
-        let mut out = if let (Some(client), StatusCode::SWITCHING_PROTOCOLS) = (client_upgrade, resp.status()) {
-            let worker_upgrade = hyper::upgrade::on(&mut resp);
-            self.splice(client, worker_upgrade, sup.clone(), sticky.worker, sticky.token);
-            let (parts, _) = resp.into_parts();
-            Response::from_parts(parts, ReplyBody::Empty)
-        } else {
-            let (mut parts, body) = resp.into_parts();
-            strip_hop_by_hop(&mut parts.headers);
-            Response::from_parts(parts, ReplyBody::Stream(body))
-        };
-        if sticky.new {
-            let path = if app.config.prefix == "/" { "/".to_string() } else { format!("{}/", app.config.prefix) };
-            let cookie = format!(
-                "{STICKY_COOKIE}={}.{:x}.{:016x}; Path={path}; HttpOnly; SameSite=Lax",
-                sticky.worker,
-                sticky.token,
-                self.cookie_key.hash_one((sticky.worker, sticky.token))
-            );
-            if let Ok(v) = HeaderValue::from_str(&cookie) {
-                out.headers_mut().append(header::SET_COOKIE, v);
-            }
+        if let Some(cookie) = cookie {
+            out.headers_mut().append(header::SET_COOKIE, cookie);
         }
         out
     }
@@ -441,7 +459,7 @@ impl Forwarder {
         &self,
         client: hyper::upgrade::OnUpgrade,
         worker: hyper::upgrade::OnUpgrade,
-        sup: std::sync::Arc<Supervisor>,
+        sup: Arc<Supervisor>,
         id: WorkerId,
         token: u64,
     ) {

@@ -53,8 +53,10 @@ pub struct ClientLimits {
 pub struct Front {
     router: Arc<Router>,
     pub forwarder: Forwarder,
-    /// valve's own pages, when they are served on the main port.
-    admin: Option<Arc<Admin>>,
+    /// valve's own pages: health and readiness always, the rest when
+    /// `admin_on_main` (else they are on the admin listener only).
+    admin: Arc<Admin>,
+    admin_on_main: bool,
     /// Fired when a stop was asked for: answers carry `Connection: close`.
     closing: CancellationToken,
     access_log: bool,
@@ -64,11 +66,12 @@ impl Front {
     pub fn new(
         router: Arc<Router>,
         forwarder: Forwarder,
-        admin: Option<Arc<Admin>>,
+        admin: Arc<Admin>,
+        admin_on_main: bool,
         closing: CancellationToken,
         access_log: bool,
     ) -> Arc<Self> {
-        Arc::new(Front { router, forwarder, admin, closing, access_log })
+        Arc::new(Front { router, forwarder, admin, admin_on_main, closing, access_log })
     }
 
     /// Answers one client request. Every failure becomes a short JSON answer.
@@ -88,13 +91,7 @@ impl Front {
 
     async fn answer(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ReplyBody> {
         if is_admin_path(req.uri().path()) {
-            return match &self.admin {
-                Some(admin) => admin.handle(req.uri().path()),
-                None => error(
-                    StatusCode::NOT_FOUND,
-                    "valve's pages are served on its admin address (--admin-addr), not here",
-                ),
-            };
+            return self.admin.handle(req.uri().path(), self.admin_on_main);
         }
         let table = self.router.current();
         let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).or_else(|| req.uri().host());
@@ -141,6 +138,7 @@ pub async fn run(
 ) -> Drained {
     let connections = TaskTracker::new();
     let http = builder(limits);
+    let mut reserve = Reserve::new();
     loop {
         let (stream, peer) = tokio::select! {
             _ = shutdown.drain.cancelled() => break,
@@ -148,6 +146,16 @@ pub async fn run(
                 Ok(conn) => conn,
                 Err(e) => {
                     accept_failed(&e, "main");
+                    if reserve.out_of_descriptors(&e) {
+                        // Shed the waiting connection instead of leaving it (and
+                        // every one behind it) to time out: close the spare
+                        // descriptor, take the connection, close it, take the spare back.
+                        reserve.release();
+                        if let Ok((stream, _)) = listener.accept().await {
+                            drop(stream);
+                        }
+                        reserve = Reserve::new();
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -221,10 +229,34 @@ fn accept_failed(e: &io::Error, listener: &'static str) {
     }
 }
 
+/// One descriptor held back for the main listener: when the process is out of
+/// descriptors, closing it lets valve accept (and shed) a connection.
+struct Reserve(Option<std::fs::File>);
+
+impl Reserve {
+    fn new() -> Self {
+        Reserve(std::fs::File::open("/dev/null").ok())
+    }
+
+    fn out_of_descriptors(&self, e: &io::Error) -> bool {
+        self.0.is_some()
+            && matches!(e.raw_os_error(), Some(code) if code == rustix::io::Errno::MFILE.raw_os_error() || code == rustix::io::Errno::NFILE.raw_os_error())
+    }
+
+    fn release(&mut self) {
+        self.0 = None;
+    }
+}
+
+/// Connections the admin listener holds at once; more are closed at once, so
+/// no number of clients there can take the descriptors the main port needs.
+pub const ADMIN_CONNECTIONS: usize = 64;
+
 /// Serves valve's own pages on a listener of their own (`--admin-addr`) until
 /// valve exits: it stays up through the drain so readiness can say so.
 pub fn serve_admin(listener: TcpListener, admin: Arc<Admin>, limits: ClientLimits) {
     let http = builder(limits);
+    let slots = Arc::new(tokio::sync::Semaphore::new(ADMIN_CONNECTIONS));
     tokio::spawn(async move {
         loop {
             let stream = match listener.accept().await {
@@ -235,6 +267,10 @@ pub fn serve_admin(listener: TcpListener, admin: Arc<Admin>, limits: ClientLimit
                     continue;
                 }
             };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                drop(stream);
+                continue;
+            };
             let _ = stream.set_nodelay(true);
             let admin = admin.clone();
             let service = service_fn(move |req: Request<Incoming>| {
@@ -242,7 +278,7 @@ pub fn serve_admin(listener: TcpListener, admin: Arc<Admin>, limits: ClientLimit
                 async move {
                     let path = req.uri().path();
                     let resp = if is_admin_path(path) {
-                        admin.handle(path)
+                        admin.handle(path, true)
                     } else {
                         error(StatusCode::NOT_FOUND, "the admin listener serves /__valve__/ only")
                     };
@@ -252,6 +288,7 @@ pub fn serve_admin(listener: TcpListener, admin: Arc<Admin>, limits: ClientLimit
             let conn = http.serve_connection(TokioIo::new(ClientIo::new(stream, limits.client_timeout)), service);
             tokio::spawn(async move {
                 let _ = conn.await;
+                drop(slot);
             });
         }
     });

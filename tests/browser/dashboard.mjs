@@ -14,7 +14,7 @@ const browser = await chromium.launch({
 });
 try {
   const page = await browser.newPage({ viewport: { width: 1280, height: 860 } });
-  await page.goto(`${url}/__valve__/`);
+  await page.goto(`${process.env.VALVE_ADMIN || url}/__valve__/`);
   await page.waitForSelector("td.pid", { timeout: 10000 });
   const shown = await page.$$eval("td.pid", (cells) => cells.map((c) => c.textContent.trim()));
   for (const pid of pids) if (!shown.includes(pid)) fail(`worker pid ${pid} not listed (shown: ${shown})`);

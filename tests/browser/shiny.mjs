@@ -50,7 +50,7 @@ try {
       for (let j = 0; j < n; j++) if (j !== i) check(!text.includes(`session${j}_`), `session ${i} sees only its own data`);
       return { session: i, marker };
     }));
-    const status = await (await fetch(`${url}/__valve__/status`)).json();
+    const status = await (await fetch(`${process.env.VALVE_ADMIN || url}/__valve__/status`)).json();
     console.log(JSON.stringify({ uploads: results.length, sessions: status.workers.map((w) => w.sessions) }));
     await browser.close();
   } else if (mode === "download") {

@@ -42,7 +42,7 @@ async fn metrics_match_the_traffic_sent() {
     for _ in 0..2 {
         assert_eq!(c.post(valve.get("/size")).body(vec![0u8; 4096]).send().await.unwrap().status(), 413);
     }
-    let m = scrape(&valve.url).await;
+    let m = scrape(&valve.admin_url()).await;
     assert_eq!(value(&m, "valve_requests_total", &[("method", "GET"), ("status", "200")]), 7.0);
     assert_eq!(value(&m, "valve_requests_total", &[("method", "GET"), ("status", "404")]), 3.0);
     assert_eq!(value(&m, "valve_requests_total", &[("method", "POST"), ("status", "413")]), 2.0);
@@ -55,7 +55,7 @@ async fn metrics_match_the_traffic_sent() {
     assert_eq!(value(&m, "valve_worker_spawn_duration_seconds_count", &[]), 1.0);
     assert_eq!(value(&m, "valve_worker_exits_total", &[("reason", "crashed")]), 0.0);
     // valve's own pages are not counted as API traffic.
-    let m = scrape(&valve.url).await;
+    let m = scrape(&valve.admin_url()).await;
     assert_eq!(value(&m, "valve_request_duration_seconds_count", &[]), 12.0);
 }
 
@@ -64,8 +64,15 @@ async fn status_lists_every_worker_and_the_configuration() {
     let valve = Valve::start(&["-f", example().to_str().unwrap(), "-n", "4", "--n-min", "2"]);
     assert_eq!(client().get(valve.get("/__valve__/healthz")).send().await.unwrap().status(), 200);
     assert_eq!(client().get(valve.get("/__valve__/readyz")).send().await.unwrap().status(), 200);
-    let status: serde_json::Value =
-        client().get(valve.get("/__valve__/status")).send().await.unwrap().json().await.unwrap();
+    // Each worker's task samples its memory once it is ready.
+    let mut status = serde_json::Value::Null;
+    for _ in 0..100 {
+        status = client().get(valve.admin("/__valve__/status")).send().await.unwrap().json().await.unwrap();
+        if status["workers"].as_array().unwrap().iter().all(|w| w["memory_bytes"].is_u64()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let mut pids: Vec<u64> = status["workers"].as_array().unwrap().iter().map(|w| w["pid"].as_u64().unwrap()).collect();
     pids.sort();
     let mut real: Vec<u64> = valve.workers().into_iter().map(u64::from).collect();
@@ -75,7 +82,7 @@ async fn status_lists_every_worker_and_the_configuration() {
     assert_eq!(status["pool"]["idle"], 2);
     // A plain worker reports its RSS; a fork (--preload) only what it does not share.
     assert!(status["workers"][0]["memory_bytes"].as_u64().unwrap() > 1 << 20, "{status}");
-    let resp = client().get(valve.get("/__valve__/nope")).send().await.unwrap();
+    let resp = client().get(valve.admin("/__valve__/nope")).send().await.unwrap();
     assert_eq!(resp.status(), 404, "unknown valve paths are not forwarded to R");
 }
 
@@ -88,8 +95,13 @@ async fn readiness_flips_during_drain_on_a_separate_admin_port() {
     assert_eq!(client().get(format!("{admin}/__valve__/readyz")).send().await.unwrap().status(), 200);
     assert_eq!(
         client().get(valve.get("/__valve__/readyz")).send().await.unwrap().status(),
+        200,
+        "readiness is on the main port too, for load balancers"
+    );
+    assert_eq!(
+        client().get(valve.get("/__valve__/status")).send().await.unwrap().status(),
         404,
-        "with --admin-addr the main port does not serve valve's pages"
+        "status is on the admin listener only"
     );
     let slow = tokio::spawn({
         let url = valve.get("/sleep?zzz=1.5");
@@ -142,6 +154,7 @@ async fn dashboard_shows_every_worker_and_updates_live_in_chromium() {
     args.extend(pids);
     let out = tokio::process::Command::new("node")
         .args(&args)
+        .env("VALVE_ADMIN", valve.admin_url())
         .current_dir(&browser_dir)
         .output()
         .await
@@ -179,23 +192,116 @@ async fn drain_delay_keeps_serving_while_readiness_says_503() {
 #[test]
 fn healthcheck_mode_says_whether_a_valve_answers() {
     let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap()]);
-    let ok = std::process::Command::new(env!("CARGO_BIN_EXE_valve"))
+    let ok = std::process::Command::new(crate::harness::valve_bin())
         .args(["--healthcheck", &valve.get("/__valve__/healthz")])
         .output()
         .unwrap();
     assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stderr));
     let port = valve.ready["port"].to_string();
-    let by_port = std::process::Command::new(env!("CARGO_BIN_EXE_valve"))
+    let by_port = std::process::Command::new(crate::harness::valve_bin())
         .args(["--healthcheck", "--port", &port])
         .output()
         .unwrap();
     assert_eq!(by_port.status.code(), Some(0), "the default URL is valve's own healthz on --port");
     let closed = free_port().to_string();
-    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_valve"))
+    let bad = std::process::Command::new(crate::harness::valve_bin())
         .args(["--healthcheck", "--port", &closed])
         .output()
         .unwrap();
     assert_eq!(bad.status.code(), Some(1));
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("cannot connect") && err.contains(&closed), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn valves_own_path_without_its_slash_never_reaches_r() {
+    let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap()]);
+    let resp = client().get(valve.admin("/__valve__")).send().await.unwrap();
+    assert_eq!(resp.status(), 307, "redirected to the dashboard");
+    assert_eq!(resp.headers()["location"], "/__valve__/");
+    let main = client().get(valve.get("/__valve__")).send().await.unwrap();
+    assert_eq!(main.status(), 404);
+    assert!(main.text().await.unwrap().contains("--admin-addr"), "valve's own answer, not plumber's");
+    assert!(!valve.log().contains("path=/__valve__"), "not logged as API traffic");
+}
+
+#[test]
+fn the_admin_listener_cuts_off_clients_that_never_finish_their_headers() {
+    use std::io::{Read, Write};
+    let admin_addr = format!("127.0.0.1:{}", free_port());
+    let _valve =
+        Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "--admin-addr", &admin_addr, "--header-timeout", "1"]);
+    let mut s = std::net::TcpStream::connect(&admin_addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /__valve__/healthz HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let start = std::time::Instant::now();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    assert!(start.elapsed() < Duration::from_secs(4), "cut off after --header-timeout, took {:?}", start.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_carry_build_info_process_and_worker_memory() {
+    let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "-n", "2", "--n-min", "2"]);
+    // Each worker's memory is sampled by its own task once it is ready.
+    wait_until("worker memory sampled", Duration::from_secs(10), || {
+        let out = std::process::Command::new("curl").args(["-s", &valve.admin("/__valve__/metrics")]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).matches("valve_worker_memory_bytes{").count() == 2
+    });
+    let m = scrape(&valve.admin_url()).await;
+    assert_eq!(value(&m, "valve_build_info", &[("version", env!("CARGO_PKG_VERSION"))]), 1.0);
+    assert!(value(&m, "process_resident_memory_bytes", &[]) > 1e6);
+    assert!(value(&m, "process_open_fds", &[]) > 3.0);
+    assert!(value(&m, "valve_worker_memory_bytes", &[("app", "api")]) > 1e6, "a plain worker's RSS");
+    assert_eq!(value(&m, "valve_saturation", &[("app", "api")]), 0.0);
+    assert_eq!(value(&m, "valve_r_processes", &[]), 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_answers_in_milliseconds_with_big_forked_workers() {
+    let valve = Valve::start(&["-f", fixture("preload.R").to_str().unwrap(), "--preload", "-n", "3", "--n-min", "3"]);
+    let c = reqwest::Client::new();
+    let mut took = Vec::new();
+    for _ in 0..20 {
+        let start = std::time::Instant::now();
+        let status: serde_json::Value =
+            c.get(valve.admin("/__valve__/status")).send().await.unwrap().json().await.unwrap();
+        took.push(start.elapsed());
+        assert_eq!(status["workers"].as_array().unwrap().len(), 3);
+    }
+    took.sort();
+    let median = took[took.len() / 2];
+    // Reading a 200 MB fork's private memory takes milliseconds: never on this path.
+    assert!(median < Duration::from_millis(10), "status took {median:?} (median of 20)");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn valves_pages_are_private_by_default_and_on_the_main_port_only_when_asked() {
+    // Two valves with default flags: no fixed admin port for them to fight over.
+    let a = Valve::start(&["-f", fixture("api.R").to_str().unwrap()]);
+    let b = Valve::start(&["-f", fixture("api.R").to_str().unwrap()]);
+    for valve in [&a, &b] {
+        let admin = valve.admin_url();
+        assert!(admin.starts_with("http://127.0.0.1:"), "the admin listener is on loopback: {admin}");
+        assert_ne!(admin, valve.url);
+        for page in ["/__valve__/status", "/__valve__/metrics", "/__valve__/"] {
+            let main = client().get(valve.get(page)).send().await.unwrap();
+            assert_eq!(main.status(), 404, "{page} is not public");
+            assert!(main.text().await.unwrap().contains("--admin-addr"), "the 404 says where to look");
+            assert_eq!(
+                client().get(valve.admin(page)).send().await.unwrap().status(),
+                200,
+                "{page} on the admin listener"
+            );
+        }
+        for probe in ["/__valve__/healthz", "/__valve__/readyz"] {
+            assert_eq!(client().get(valve.get(probe)).send().await.unwrap().status(), 200, "{probe} on the main port");
+        }
+    }
+    assert_ne!(a.admin_url(), b.admin_url());
+    let open = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "--admin-on-main"]);
+    assert_eq!(client().get(open.get("/__valve__/status")).send().await.unwrap().status(), 200);
+    let none = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "--admin-addr", "off"]);
+    assert!(none.ready["admin_url"].is_null());
+    assert_eq!(client().get(none.get("/__valve__/healthz")).send().await.unwrap().status(), 200);
 }

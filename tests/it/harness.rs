@@ -136,8 +136,14 @@ pub struct Failed {
     pub elapsed: Duration,
 }
 
+/// The valve binary under test: this build, or `VALVE_TEST_BIN` (to show a
+/// test fails on another build).
+pub fn valve_bin() -> PathBuf {
+    std::env::var_os("VALVE_TEST_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_valve")))
+}
+
 fn spawn(args: &[&str], envs: &[(&str, &str)]) -> Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_valve"));
+    let mut cmd = Command::new(valve_bin());
     cmd.args(args)
         .env("VALVE_LOG", "info")
         .stdin(Stdio::null())
@@ -289,6 +295,16 @@ impl Valve {
 
     pub fn get(&self, path: &str) -> String {
         format!("{}{}", self.url, path)
+    }
+
+    /// valve's admin listener (metrics, status, the dashboard), from the ready line.
+    pub fn admin_url(&self) -> String {
+        self.ready["admin_url"].as_str().map(str::to_string).unwrap_or_else(|| self.url.clone())
+    }
+
+    /// A URL on valve's admin listener.
+    pub fn admin(&self, path: &str) -> String {
+        format!("{}{}", self.admin_url(), path)
     }
 }
 

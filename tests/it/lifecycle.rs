@@ -121,3 +121,32 @@ async fn sigkill_of_valve_takes_the_workers_with_it() {
     valve.wait_exit(Duration::from_secs(5));
     wait_until("workers to die with valve", Duration::from_secs(5), || workers.iter().all(|p| !pid_alive(*p)));
 }
+
+#[test]
+fn json_logs_are_json_on_every_line_even_when_the_app_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = dir.path().join("plumber.R");
+    std::fs::copy(fixture("broken.R"), &api).unwrap();
+    let out = Valve::run_to_exit(
+        &["-f", api.to_str().unwrap(), "--port", "0", "--log-format", "json"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let lines: Vec<&str> = out.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(lines.len() > 3, "{}", out.stderr);
+    for line in &lines {
+        assert!(serde_json::from_str::<serde_json::Value>(line).is_ok(), "not JSON: {line}");
+    }
+    assert!(out.stderr.contains("unexpected"), "R's own error is in there: {}", out.stderr);
+    let bad_flag = Valve::run_to_exit(&["--log-format", "json", "--n-max", "none"], Duration::from_secs(10));
+    assert_eq!(bad_flag.status.code(), Some(2));
+    assert!(serde_json::from_str::<serde_json::Value>(bad_flag.stderr.trim()).is_ok(), "{}", bad_flag.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn logs_written_to_a_pipe_carry_no_colour_codes() {
+    let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap()]);
+    client().get(valve.get("/pid")).send().await.unwrap();
+    valve.wait_for_log("path=/pid", Duration::from_secs(5));
+    assert!(!valve.log().contains('\u{1b}'), "ANSI escapes in a piped log:\n{}", valve.log());
+}

@@ -3,6 +3,7 @@
 mod admin;
 mod deps;
 mod fidelity;
+mod guard;
 mod harness;
 mod lifecycle;
 mod preload;

@@ -46,7 +46,7 @@ async fn chaos_killing_workers_under_load_fails_no_request() {
         tokio::time::sleep(Duration::from_secs(1)).await;
         // Workers that serve (a worker killed while it starts counts towards crash-loop backoff).
         let status: serde_json::Value =
-            client().get(valve.get("/__valve__/status")).send().await.unwrap().json().await.unwrap();
+            client().get(valve.admin("/__valve__/status")).send().await.unwrap().json().await.unwrap();
         let workers: Vec<u32> = status["workers"]
             .as_array()
             .unwrap()
@@ -262,4 +262,19 @@ async fn a_client_that_leaves_mid_request_frees_its_worker() {
     let took = start.elapsed();
     assert!(took >= Duration::from_millis(500), "the worker finished the abandoned call first ({took:?})");
     assert!(took < Duration::from_secs(3), "and then came free ({took:?})");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_that_ends_its_worker_is_not_retried_on_another() {
+    let valve = Valve::start(&["-f", &api(), "-n", "2", "--n-min", "2"]);
+    let before = valve.workers();
+    assert_eq!(before.len(), 2);
+    let resp = client().get(valve.get("/quit")).send().await.unwrap();
+    assert_eq!(resp.status(), 502);
+    let body = json_error(&resp.text().await.unwrap());
+    assert!(body["error"].as_str().unwrap().contains("ended its R worker"), "{body}");
+    // One worker died of it; the other, never asked, lives.
+    let dead: Vec<_> = before.iter().filter(|p| !pid_alive(**p)).collect();
+    assert_eq!(dead.len(), 1, "exactly one worker ended: {before:?}");
+    wait_until("the pool back at n_min", Duration::from_secs(15), || valve.workers().len() == 2);
 }

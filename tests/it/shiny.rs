@@ -11,9 +11,11 @@ fn browser_dir() -> std::path::PathBuf {
 }
 
 /// Runs tests/browser/shiny.mjs and returns its output, failing the test if it fails.
-fn drive(mode: &str, url: &str, extra: &[&str]) -> String {
+fn drive(mode: &str, valve: &Valve, extra: &[&str]) -> String {
     need_browser();
+    let url = &valve.url;
     let out = Command::new("node")
+        .env("VALVE_ADMIN", valve.admin_url())
         .arg("shiny.mjs")
         .arg(mode)
         .arg(url)
@@ -30,7 +32,7 @@ fn drive(mode: &str, url: &str, extra: &[&str]) -> String {
 #[test]
 fn hello_renders_its_plot_and_rerenders_on_input() {
     let valve = Valve::start(&["-f", &shiny_example("01_hello")]);
-    let seen = drive("hello", &valve.url, &[]);
+    let seen = drive("hello", &valve, &[]);
     assert!(seen.contains("\"rerendered\":true"));
     assert!(valve.log().contains("path=/websocket/ status=101"), "the WebSocket went through valve");
 }
@@ -39,7 +41,7 @@ fn hello_renders_its_plot_and_rerenders_on_input() {
 fn six_upload_sessions_spread_over_three_workers_each_see_their_own_table() {
     // Two sessions per worker: valve grows the pool from one worker as sessions arrive.
     let valve = Valve::start(&["-f", &shiny_example("09_upload"), "-n", "3", "--max-sessions", "2", "--no-access-log"]);
-    let seen = drive("upload", &valve.url, &["6"]);
+    let seen = drive("upload", &valve, &["6"]);
     assert!(seen.contains("\"uploads\":6"), "{seen}");
     assert!(seen.contains("\"sessions\":[2,2,2]"), "sessions per worker: {seen}");
     assert_eq!(valve.workers().len(), 3);
@@ -48,7 +50,7 @@ fn six_upload_sessions_spread_over_three_workers_each_see_their_own_table() {
 #[test]
 fn downloads_arrive_whole() {
     let valve = Valve::start(&["-f", &shiny_example("10_download"), "--no-access-log"]);
-    let seen = drive("download", &valve.url, &[]);
+    let seen = drive("download", &valve, &[]);
     assert!(seen.contains("\"filename\":\"rock.csv\""), "{seen}");
     assert!(seen.contains("\"lines\":49"), "48 rows and a header: {seen}");
 }
@@ -96,15 +98,146 @@ fn a_page_asked_for_as_its_worker_dies_is_served_by_another() {
     let out = curl.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.ends_with("\n200") && text.contains("shiny"), "{text}\n{}", valve.log());
-    assert!(valve.log().contains("request to Shiny worker failed"), "the first worker took the request");
+    assert!(valve.log().contains("worker failed while handling a request"), "the first worker took the request");
     assert!(!valve.workers().contains(&victim));
 }
 
 #[test]
 fn sessions_are_counted_in_metrics_and_status() {
     let valve = Valve::start(&["-f", &shiny_example("01_hello"), "--no-access-log"]);
-    drive("hello", &valve.url, &[]);
-    let metrics = Command::new("curl").args(["-s", &valve.get("/__valve__/metrics")]).output().unwrap();
+    drive("hello", &valve, &[]);
+    let metrics = Command::new("curl").args(["-s", &valve.admin("/__valve__/metrics")]).output().unwrap();
     let text = String::from_utf8_lossy(&metrics.stdout);
     assert!(text.contains("valve_shiny_sessions_opened_total{app=\"01_hello\"} 1"), "{text}");
+}
+
+/// The pid of the worker that served a page of the `shiny_hang` fixture.
+fn served_by(page: &str) -> u32 {
+    page.split("served by ")
+        .nth(1)
+        .and_then(|r| r.split('<').next())
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no pid in the page: {page}"))
+}
+
+fn get(url: &str) -> (u16, String) {
+    let out = Command::new("curl").args(["-s", "--max-time", "60", "-w", "\n%{http_code}", url]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.parse().unwrap_or(0), body.to_string())
+}
+
+#[test]
+fn a_shiny_worker_past_request_timeout_is_replaced() {
+    need_program("curl", "curl");
+    let app = crate::harness::fixture("shiny_hang");
+    let valve = Valve::start(&["-f", app.to_str().unwrap(), "--request-timeout", "2"]);
+    let (_, page) = get(&valve.get("/"));
+    let first = served_by(&page);
+    let start = std::time::Instant::now();
+    let (status, body) = get(&valve.get("/?hang=1"));
+    assert_eq!(status, 504, "{body}");
+    assert!(start.elapsed() < Duration::from_secs(10), "504 after {:?}", start.elapsed());
+    wait_until("the stuck worker replaced", Duration::from_secs(15), || !pid_alive(first));
+    let (status, page) = get(&valve.get("/"));
+    assert_eq!(status, 200, "a fresh worker serves the app");
+    assert_ne!(served_by(&page), first);
+}
+
+#[test]
+fn a_shiny_worker_past_max_requests_takes_no_new_browsers_and_then_stops() {
+    need_program("curl", "curl");
+    let app = crate::harness::fixture("shiny_hang");
+    let valve = Valve::start(&["-f", app.to_str().unwrap(), "--max-requests", "3", "-n", "2"]);
+    let pids: Vec<u32> = (0..3).map(|_| served_by(&get(&valve.get("/")).1)).collect();
+    assert!(pids.iter().all(|p| *p == pids[0]), "three page loads on the first worker: {pids:?}");
+    let (status, page) = get(&valve.get("/"));
+    assert_eq!(status, 200);
+    assert_ne!(served_by(&page), pids[0], "a worker past --max-requests takes no new browser");
+    wait_until("the spent worker to stop once quiet", Duration::from_secs(20), || !pid_alive(pids[0]));
+    assert!(valve.log().contains("drained"), "its stop is explained in the log");
+}
+
+#[test]
+fn page_loads_that_never_open_a_session_lock_no_visitor_out() {
+    need_program("curl", "curl");
+    let valve = Valve::start(&["-f", &shiny_example("01_hello"), "-n", "1", "--max-sessions", "2", "--no-access-log"]);
+    for _ in 0..40 {
+        assert_eq!(get(&valve.get("/")).0, 200);
+    }
+    let start = std::time::Instant::now();
+    assert_eq!(get(&valve.get("/")).0, 200, "a new visitor still gets the app");
+    assert!(start.elapsed() < Duration::from_secs(3), "at once, not after a lock-out: {:?}", start.elapsed());
+}
+
+#[test]
+fn a_forged_sticky_cookie_names_no_worker() {
+    need_program("curl", "curl");
+    let valve = Valve::start(&["-f", &shiny_example("01_hello"), "-n", "2", "--n-min", "2"]);
+    let set_cookie = |cookie: Option<&str>| -> Option<String> {
+        let mut args = vec!["-s", "-D", "-", "-o", "/dev/null"];
+        let header = cookie.map(|c| format!("Cookie: valve_worker={c}"));
+        if let Some(h) = &header {
+            args.extend(["-H", h.as_str()]);
+        }
+        let url = valve.get("/");
+        args.push(&url);
+        let out = Command::new("curl").args(&args).output().unwrap();
+        let headers = String::from_utf8_lossy(&out.stdout).to_string();
+        headers.lines().find_map(|l| {
+            let l = l.trim();
+            l.to_lowercase()
+                .starts_with("set-cookie: valve_worker=")
+                .then(|| l["set-cookie: valve_worker=".len()..].split(';').next().unwrap().to_string())
+        })
+    };
+    let real = set_cookie(None).expect("a new browser gets a sticky cookie");
+    assert_eq!(set_cookie(Some(&real)), None, "a real cookie is honoured");
+    // The same cookie edited to name the other worker (1 <-> 2), field by field.
+    let fields: Vec<&str> = real.split('.').collect();
+    let mut forged = 0;
+    for (i, f) in fields.iter().enumerate() {
+        let other = match *f {
+            "1" => "2",
+            "2" => "1",
+            _ => continue,
+        };
+        let mut edited = fields.clone();
+        edited[i] = other;
+        let edited = edited.join(".");
+        assert!(set_cookie(Some(&edited)).is_some(), "the forged cookie {edited} was honoured");
+        forged += 1;
+    }
+    assert!(forged > 0, "the cookie {real} names a worker");
+}
+
+#[test]
+fn a_websocket_upgrade_with_a_malformed_key_never_reaches_r() {
+    need_program("curl", "curl");
+    let valve = Valve::start(&["-f", &shiny_example("01_hello")]);
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "10",
+            "-H",
+            "Connection: Upgrade",
+            "-H",
+            "Upgrade: websocket",
+            "-H",
+            "Sec-WebSocket-Version: 13",
+            "-H",
+            "Sec-WebSocket-Key: not-a-key",
+            &valve.get("/websocket/"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "400");
+    valve.wait_for_log("path=/websocket/", Duration::from_secs(5));
+    let line = valve.log().lines().find(|l| l.contains("path=/websocket/")).unwrap().to_string();
+    assert!(line.contains("status=400") && !line.contains("worker="), "answered by valve, no worker involved: {line}");
 }
