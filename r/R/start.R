@@ -289,7 +289,12 @@ valve_stop <- function(handle, timeout = NULL) {
   if (p$is_alive()) {
     if (is.null(timeout)) timeout <- graceful_timeout(handle) + 5
     p$signal(tools::SIGTERM)
-    p$wait(max(0, timeout) * 1000)
+    # processx's wait() can return before its timeout (another child's exit
+    # wakes it), so wait in a loop until valve exits or the deadline passes.
+    deadline <- Sys.time() + max(0, timeout)
+    while (p$is_alive() && Sys.time() < deadline) {
+      p$wait(max(1, min(1000, as.numeric(deadline - Sys.time(), units = "secs") * 1000)))
+    }
   }
   status <- if (p$is_alive()) NA_integer_ else p$get_exit_status()
   # Kills valve if it is still up, and any worker that outlived it.
