@@ -110,37 +110,33 @@ def encode_lp(req: Request) -> bytes:
     return struct.pack(f">I{len(f)}I", len(f), *map(len, f)) + b"".join(f)
 
 
-# R serialization, XDR, format version 2 -----------------------------------
+# R serialization, XDR, format version 2 (PROTOCOL.md, "request head") -----
+#
+# The writer valve needs is this small on purpose: every integer is an int32,
+# big-endian; every string is a CHARSXP with flags 9 (no encoding bits: R reads
+# it as native and works out ASCII itself); every symbol is written in full
+# (SYMSXP + its name), never as a reference, so no reference table is kept.
 
-_R_VERSION = (4 << 16) | (2 << 8) | 2
-_MIN_VERSION = (2 << 16) | (3 << 8) | 0
-NILVALUE, EMPTYENV, REFSXP = 254, 242, 255
+SERIAL_HEADER = b"X\n" + struct.pack(">iii", 2, 0x00040202, 0x00020300)  # XDR, v2, written by "4.2.2", readable by 2.3.0+
+NILVALUE, EMPTYENV = 254, 242
 SYMSXP, LISTSXP, ENVSXP, CHARSXP, STRSXP, VECSXP = 1, 2, 4, 9, 16, 19
 HAS_ATTR, HAS_TAG = 1 << 9, 1 << 10
-ASCII_MASK = 1 << 6
 
 
 class _RWriter:
     def __init__(self):
-        self.out = [b"X\n", struct.pack(">iii", 2, _R_VERSION, _MIN_VERSION)]
-        self.refs: dict[object, int] = {}  # symbols and environments, 1-based
+        self.out = [SERIAL_HEADER]
 
     def i(self, *xs: int) -> None:
         self.out.append(struct.pack(f">{len(xs)}i", *xs))
 
     def charsxp(self, b: bytes) -> None:
-        gp = ASCII_MASK if all(c < 128 for c in b) else 0  # native encoding otherwise
-        self.i(CHARSXP | (gp << 12), len(b))
+        self.i(CHARSXP, len(b))
         self.out.append(b)
 
     def symbol(self, name: bytes) -> None:
-        key = ("sym", name)
-        if key in self.refs:
-            self.i((self.refs[key] << 8) | REFSXP)
-        else:
-            self.refs[key] = len(self.refs) + 1
-            self.i(SYMSXP)
-            self.charsxp(name)
+        self.i(SYMSXP)
+        self.charsxp(name)
 
     def strsxp(self, values: list[bytes], names: list[bytes] | None = None) -> None:
         self.i(STRSXP | (HAS_ATTR if names is not None else 0), len(values))
@@ -159,15 +155,24 @@ class _RWriter:
         return b"".join(self.out)
 
 
+FIXED_KEYS = [b"REQUEST_METHOD", b"PATH_INFO", b"QUERY_STRING", b"SERVER_NAME", b"SERVER_PORT", b"REMOTE_ADDR",
+              b"REMOTE_PORT", b"rook.url_scheme"]
+
+
 def _rds_vars(req: Request) -> tuple[list[tuple[bytes, bytes]], list[bytes], list[bytes]]:
+    """The environment's string variables (in order, each name once) and
+    HEADERS' names and values. Two header names that differ only by '-' and
+    '_' map to one HTTP_* key: the later one in name order wins, as when httpuv
+    assigns them in its map's order."""
     f = fields(req)
     n = int(f[0])
-    keys = [b"REQUEST_METHOD", b"PATH_INFO", b"QUERY_STRING", b"SERVER_NAME", b"SERVER_PORT", b"REMOTE_ADDR",
-            b"REMOTE_PORT", b"rook.url_scheme"]
-    pairs = list(zip(keys, f[1:9])) + [(b"SCRIPT_NAME", b""), (b"rook.version", b"1.1-0")]
+    pairs = dict(zip(FIXED_KEYS, f[1:9]))
+    pairs[b"SCRIPT_NAME"] = b""
+    pairs[b"rook.version"] = b"1.1-0"
     hk, hn, hv = f[9:9 + n], f[9 + n:9 + 2 * n], f[9 + 2 * n:]
-    pairs += list(zip(hk, hv))
-    return pairs, hn, hv
+    for k, v in zip(hk, hv):
+        pairs[k] = v
+    return list(pairs.items()), hn, hv
 
 
 def encode_rds(req: Request) -> bytes:
@@ -183,14 +188,13 @@ def encode_rds(req: Request) -> bytes:
 
 
 def encode_rdsenv(req: Request) -> bytes:
-    """The environment itself: unlocked, enclosed by the empty environment,
-    unhashed, its frame a pairlist of bindings."""
+    """The protocol's request head: the environment itself. ENVSXP, not
+    locked, enclosed by the empty environment, its frame a pairlist of
+    bindings (each value a character vector of length 1, HEADERS a named
+    character vector), no hash table, no attributes."""
     pairs, hn, hv = _rds_vars(req)
     w = _RWriter()
-    w.i(ENVSXP)
-    w.refs[("env", 0)] = 1
-    w.i(0)  # not locked
-    w.i(EMPTYENV)  # enclosure
+    w.i(ENVSXP, 0, EMPTYENV)  # type, locked = 0, enclosure
     for k, v in pairs:
         w.i(LISTSXP | HAS_TAG)
         w.symbol(k)
@@ -198,16 +202,14 @@ def encode_rdsenv(req: Request) -> bytes:
     w.i(LISTSXP | HAS_TAG)
     w.symbol(b"HEADERS")
     w.strsxp(hv, hn)
-    w.i(NILVALUE)  # end of frame
-    w.i(NILVALUE)  # hashtab
-    w.i(NILVALUE)  # attributes
+    w.i(NILVALUE, NILVALUE, NILVALUE)  # end of the frame, hash table, attributes
     return w.bytes()
 
 
 ENCODERS = {"text": encode_text, "lp": encode_lp, "rds": encode_rds, "rdsenv": encode_rdsenv}
 
 
-def request_frame(req: Request, encoding: str = "text") -> bytes:
+def request_frame(req: Request, encoding: str = "rdsenv") -> bytes:
     head = ENCODERS[encoding](req)
     if req.body_file is not None:
         body, flags = req.body_file.encode(), REQ_BODY_FILE
@@ -341,7 +343,8 @@ def read_frame(sock: socket.socket, quickack: bool = True) -> tuple[int, int, by
 class Worker:
     """One worker's connection, after its hello."""
 
-    def __init__(self, sock: socket.socket, worker_id: str, pid: int, encoding: str, quickack: bool = True):
+    def __init__(self, sock: socket.socket, worker_id: str, pid: int, encoding: str = "rdsenv",
+                 quickack: bool = True):
         self.sock, self.id, self.pid, self.encoding, self.quickack = sock, worker_id, pid, encoding, quickack
 
     def exchange(self, req: Request) -> Answer:
@@ -383,7 +386,7 @@ class Listener:
     def env(self, worker_id: str) -> dict[str, str]:
         return {"VALVE_FRAME_PORT": str(self.port), "VALVE_FRAME_TOKEN": self.token, "VALVE_WORKER_ID": worker_id}
 
-    def accept(self, expect_id: str | set[str], timeout: float, encoding: str = "text", alive=lambda: True,
+    def accept(self, expect_id: str | set[str], timeout: float, encoding: str = "rdsenv", alive=lambda: True,
                quickack: bool = True) -> Worker:
         """The next worker that connects with a valid hello and one of the
         expected ids; connections that fail the hello are closed, as valve does."""

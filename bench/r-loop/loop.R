@@ -23,9 +23,10 @@
 # so `rook.input` and `rook.errors` are the very objects httpuv would have given
 # the API.
 #
-# Request-head encodings: the protocol has one, "text". The others ("lp",
-# "rds", "rdsenv") are kept only so bench/r-loop/measure can compare them on
-# the same loop; the launcher never selects them.
+# Request-head encodings: the protocol has one, "rdsenv" (valve writes the
+# request environment in R's serialization format; one unserialize() here).
+# The others ("text", "lp", "rds") are kept only so bench/r-loop/measure can
+# compare them on the same loop; the launcher never selects them.
 
 # ---------------------------------------------------------------------------
 # Constants
@@ -74,7 +75,7 @@
   req
 }
 
-# "text" (the protocol): every field followed by "\n": the number of headers
+# "text": every field followed by "\n": the number of headers
 # n, the 8 fixed fields, then n HTTP_* keys, n lower-case names, n values.
 # One rawToChar(), one strsplit(), contiguous slices (.valve_env() inlined:
 # this runs on every request).
@@ -110,8 +111,16 @@
 # variable plus HEADERS.
 .valve_decode_rds <- function(head) list2env(unserialize(head), envir = new.env(parent = emptyenv()))
 
-# "rdsenv": R serialization of the environment itself (enclosure: the empty env).
-.valve_decode_rdsenv <- function(head) unserialize(head)
+# "rdsenv" (the protocol): R serialization (XDR, version 2) of the request
+# environment itself, enclosed by the empty environment, every variable but
+# the ones the loop adds (rook.input, rook.errors, httpuv.version,
+# CONTENT_TYPE, CONTENT_LENGTH) already in it. Measured cheapest in R (one C
+# call builds the whole environment).
+.valve_decode_rdsenv <- function(head) {
+  req <- unserialize(head)
+  if (!is.environment(req)) stop("malformed request head")
+  req
+}
 
 .valve_decoders <- list(text = .valve_decode_text, lp = .valve_decode_lp,
                         rds = .valve_decode_rds, rdsenv = .valve_decode_rdsenv)
@@ -293,7 +302,7 @@
 }
 
 # What the loop hands every request, found once.
-.valve_context <- function(app, encoding = "text") {
+.valve_context <- function(app, encoding = "rdsenv") {
   decode <- .valve_decoders[[encoding]]
   if (is.null(decode)) stop("unknown request-head encoding: ", encoding)
   ns <- asNamespace("httpuv")
@@ -389,12 +398,17 @@
 #' Returns the seconds it took.
 valve_warm_up <- function(app, rounds = 3L) {
   t0 <- proc.time()[["elapsed"]]
+  # Request heads as valve writes them (PROTOCOL.md): the environment, serialized.
   frame_head <- function(method, path, query, extra = character(0)) {
-    h <- c("host", "user-agent", extra)
-    v <- c("127.0.0.1", "valve-warm-up", if (length(extra)) c("application/json", "13"))
-    charToRaw(paste0(c(length(h), method, path, query, "127.0.0.1", "0", "127.0.0.1", "0", "http",
-                       paste0("HTTP_", chartr("abcdefghijklmnopqrstuvwxyz-", "ABCDEFGHIJKLMNOPQRSTUVWXYZ_", h)),
-                       h, v), "\n", collapse = ""))
+    hn <- c("host", "user-agent", extra)
+    hv <- c("127.0.0.1", "valve-warm-up", if (length(extra)) c("application/json", "13"))
+    vals <- c(method, path, query, "127.0.0.1", "0", "127.0.0.1", "0", "http", "", "1.1-0", hv)
+    names(vals) <- c(.valve_fixed_keys,
+                     paste0("HTTP_", chartr("abcdefghijklmnopqrstuvwxyz-", "ABCDEFGHIJKLMNOPQRSTUVWXYZ_", hn)))
+    env <- list2env(as.list(vals), envir = new.env(hash = FALSE, parent = emptyenv()))
+    names(hv) <- hn
+    env$HEADERS <- hv
+    serialize(env, NULL, xdr = TRUE, version = 2L)
   }
   get_head <- frame_head("GET", "/__valve__/warm-up", "?msg=warm-up")
   post_head <- frame_head("POST", "/__valve__/warm-up", "", c("content-type", "content-length"))
@@ -444,9 +458,9 @@ valve_warm_up <- function(app, rounds = 3L) {
 #' @param token the secret valve put in the worker's environment.
 #' @param worker_id valve's id for this worker.
 #' @param warm_up run valve_warm_up() first (FALSE in a fork of a warmed parent).
-#' @param encoding request-head encoding: "text" (the protocol); others for bench only.
+#' @param encoding request-head encoding: "rdsenv" (the protocol); others for bench only.
 valve_serve_frames <- function(app, port, token, worker_id, host = "127.0.0.1", warm_up = TRUE,
-                               encoding = "text") {
+                               encoding = "rdsenv") {
   ctx <- .valve_context(app, encoding)
   if (isTRUE(warm_up)) valve_warm_up(app)
   lt <- .valve_later()
