@@ -229,10 +229,14 @@ class Procs:
         self.procs: list[Proc] = []
 
     def spawn(self, name: str, argv: list[str], cwd: Path | None = None,
-              env: dict | None = None, stdout_path: Path | None = None) -> Proc:
+              env: dict | None = None, stdout_path: Path | None = None, stderr_pipe: bool = False) -> Proc:
+        """`stderr_pipe`: stderr goes to a pipe nobody reads (a stalled log reader)."""
         log_path = self.workdir / f"{name}.log"
         out = open(stdout_path or log_path, "wb")
-        err = open(log_path, "ab") if stdout_path else subprocess.STDOUT
+        if stderr_pipe:
+            err = subprocess.PIPE
+        else:
+            err = open(log_path, "ab") if stdout_path else subprocess.STDOUT
         try:
             popen = subprocess.Popen(
                 argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
@@ -242,7 +246,7 @@ class Procs:
             raise BenchError(f"cannot start {name}: {argv[0]} not found ({e})") from e
         finally:
             out.close()
-            if stdout_path:
+            if stdout_path and not stderr_pipe:
                 err.close()
         p = Proc(name, popen, log_path)
         self.procs.append(p)
@@ -371,7 +375,7 @@ def ready_info(out: Path) -> dict | None:
 
 
 def start_valve(procs: Procs, valve_bin: Path, name: str, n_max: int, n_min: int,
-                api: Path = EXAMPLE_API, extra: list[str] = ()) -> Proc:
+                api: Path = EXAMPLE_API, extra: list[str] = (), stderr_pipe: bool = False) -> Proc:
     """valve on a port it picks itself (-p 0); ready when it prints its ready line."""
     out = procs.workdir / f"{name}.stdout"
     argv = [str(valve_bin), "-f", str(api), "-n", str(n_max), "--n-min", str(n_min),
@@ -381,7 +385,7 @@ def start_valve(procs: Procs, valve_bin: Path, name: str, n_max: int, n_min: int
     # is off, like nginx's `access_log off` here.
     env = dict(os.environ)
     env.setdefault("VALVE_LOG", VALVE_LOG)
-    p = procs.spawn(name, argv, env=env, stdout_path=out)
+    p = procs.spawn(name, argv, env=env, stdout_path=out, stderr_pipe=stderr_pipe)
     p.argv = argv
     p.ready = wait_until(f"{name} to print its ready line", lambda: ready_info(out), 120, [p])
     p.port = p.ready["port"]

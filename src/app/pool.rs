@@ -590,7 +590,8 @@ impl<W> Pool<W> {
     /// takes no new sessions. `None`: the worker does not serve (gone, stopping).
     pub fn touch(&mut self, id: WorkerId, now: Instant, token: Option<u64>) -> Option<bool> {
         let slot = self.slots.get_mut(&id)?;
-        if !matches!(slot.state, State::Idle | State::Draining) {
+        // A liveness probe does not hold a Shiny worker: its browsers' requests go on.
+        if !matches!(slot.state, State::Idle | State::Draining | State::Probing) {
             return None;
         }
         slot.served += 1;
@@ -951,8 +952,9 @@ mod tests {
         assert_ne!(due[0], busy);
         assert_eq!(p.checkout(), None, "a worker being probed takes no request");
         assert_eq!(p.answering(), 2, "a probed worker still counts as answering");
+        assert_eq!(p.touch(due[0], t0, None), Some(false), "a Shiny browser's requests go on during a probe");
         assert!(matches!(p.release(due[0], t0, Done::Probed, ALL), Release::Idle));
-        assert_eq!(p.slot(due[0]).unwrap().served, 0, "a probe is not a request");
+        assert_eq!(p.slot(due[0]).unwrap().served, 1, "a probe is not a request");
     }
 
     #[test]

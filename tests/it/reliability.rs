@@ -148,7 +148,7 @@ async fn a_worker_crash_is_retried_for_get_and_502_for_post() {
     valve.wait_for_log("worker exited unexpectedly", Duration::from_secs(5));
     if !preloading() {
         // A fork's exit status goes to its parent, not to valve.
-        assert!(valve.log().contains("status=\"killed by signal 9\""), "the exit signal is logged");
+        valve.wait_for_log("status=\"killed by signal 9\"", Duration::from_secs(5));
     }
     wait_until("crashed workers replaced", Duration::from_secs(15), || valve.workers().len() == 2);
     assert_eq!(client().get(valve.get("/pid")).send().await.unwrap().status(), 200);
@@ -196,7 +196,7 @@ async fn workers_are_recycled_after_max_requests() {
     }
     let distinct: std::collections::BTreeSet<_> = pids.iter().collect();
     assert!((3..=5).contains(&distinct.len()), "20 requests at ~5 per worker: {pids:?}");
-    assert!(valve.log().contains("it served --max-requests requests"));
+    valve.wait_for_log("it served --max-requests requests", Duration::from_secs(5));
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -34,7 +34,7 @@ fn hello_renders_its_plot_and_rerenders_on_input() {
     let valve = Valve::start(&["-f", &shiny_example("01_hello")]);
     let seen = drive("hello", &valve, &[]);
     assert!(seen.contains("\"rerendered\":true"));
-    assert!(valve.log().contains("path=/websocket/ status=101"), "the WebSocket went through valve");
+    valve.wait_for_log("path=/websocket/ status=101", Duration::from_secs(5));
 }
 
 #[test]
@@ -98,7 +98,7 @@ fn a_page_asked_for_as_its_worker_dies_is_served_by_another() {
     let out = curl.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.ends_with("\n200") && text.contains("shiny"), "{text}\n{}", valve.log());
-    assert!(valve.log().contains("worker failed while handling a request"), "the first worker took the request");
+    valve.wait_for_log("worker failed while handling a request", Duration::from_secs(5));
     assert!(!valve.workers().contains(&victim));
 }
 
@@ -155,7 +155,7 @@ fn a_shiny_worker_past_max_requests_takes_no_new_browsers_and_then_stops() {
     assert_eq!(status, 200);
     assert_ne!(served_by(&page), pids[0], "a worker past --max-requests takes no new browser");
     wait_until("the spent worker to stop once quiet", Duration::from_secs(20), || !pid_alive(pids[0]));
-    assert!(valve.log().contains("drained"), "its stop is explained in the log");
+    valve.wait_for_log("drained", Duration::from_secs(5));
 }
 
 #[test]
