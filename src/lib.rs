@@ -12,6 +12,7 @@
 //! - `admin`: valve's own pages under /__valve__/.
 //! - `metrics`: counters, histograms and the dashboard's history.
 //! - `log`: non-blocking logging, text or JSON.
+//! - `reload`: the apps being served, their generations, and reloads.
 //! - `shutdown`: the signals that stop valve, fanned out as tokens.
 //! - `healthcheck`: `valve --healthcheck`.
 
@@ -22,6 +23,7 @@ pub mod healthcheck;
 pub mod http;
 pub mod log;
 pub mod metrics;
+pub mod reload;
 pub mod shutdown;
 pub mod worker;
 
@@ -33,14 +35,15 @@ use tokio::net::TcpListener;
 
 use crate::admin::Admin;
 use crate::app::pool::Limits;
-use crate::app::{Fleet, Settings, Supervisor};
-use crate::config::{AppConfig, Config};
+use crate::app::{Fleet, Settings};
+use crate::config::{AppConfig, Config, Source};
 use crate::http::forward::{Forwarder, MAX_HEAD_BYTES};
-use crate::http::router::{Mounted, Router, Table};
+use crate::http::router::Router;
 use crate::http::server::{ClientLimits, Drained, Front};
 use crate::metrics::Registry;
+use crate::reload::{Apps, Reloader};
 use crate::shutdown::Shutdown;
-use crate::worker::{RLauncher, Spec, StartError};
+use crate::worker::StartError;
 
 /// How often the start-up reports progress while the first workers load.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
@@ -101,7 +104,7 @@ async fn bind_one(addr: &str, what: &'static str) -> Result<TcpListener, RunErro
     })
 }
 
-fn settings(app: &AppConfig, check_unused: Duration) -> Settings {
+pub(crate) fn settings(app: &AppConfig, check_unused: Duration) -> Settings {
     Settings {
         name: app.name.clone(),
         limits: Limits {
@@ -122,10 +125,12 @@ fn settings(app: &AppConfig, check_unused: Duration) -> Settings {
 
 /// Serves `config` on `listener` until `shutdown` has run its course: starts
 /// every app's `n_min` workers (requests are accepted meanwhile and wait),
-/// calls `ready` once all answer, then serves until the drain ends and every
-/// worker has stopped.
+/// calls `ready` once all answer, then serves (reloading `source` on SIGHUP
+/// and `POST /__valve__/reload`) until the drain ends and every worker has
+/// stopped.
 pub async fn run(
     config: Config,
+    source: Source,
     listener: TcpListener,
     admin_listener: Option<TcpListener>,
     registry: Arc<Registry>,
@@ -136,27 +141,11 @@ pub async fn run(
         listener.local_addr().map_err(|error| RunError::Bind { addr: config.server.host.clone(), error, hint: "" })?;
     let run_dir = worker::run_dir().map_err(RunError::RunDir)?;
     let fleet = Fleet::new(config.server.max_workers);
-    let mut mounted = Vec::new();
-    for app in &config.apps {
-        let spec = Spec::new(
-            run_dir.clone(),
-            app.r_bin.clone(),
-            app.source.clone(),
-            app.env.clone(),
-            config.server.host.clone(),
-            addr.port(),
-        );
-        let launcher = RLauncher::new(spec, app.preload).map_err(RunError::RunDir)?;
-        let sup = Supervisor::new(
-            fleet.clone(),
-            settings(app, config.server.check_unused),
-            Box::new(launcher),
-            registry.app(&app.name),
-        );
-        mounted.push(Arc::new(Mounted { config: app.clone(), sup, older: Vec::new() }));
-    }
-    let router = Arc::new(Router::new(Table::new(mounted.clone())));
+    let router = Arc::new(Router::default());
+    let apps = Apps::new(router.clone(), fleet.clone(), registry.clone(), run_dir.clone(), &config, addr.port());
+    let reloader = Reloader::new(apps.clone(), source.clone(), config.clone());
     let admin = Admin::new(router.clone(), fleet.clone(), registry.clone(), &config, shutdown.signalled.clone());
+    admin.set_reloader(reloader.clone());
     let limits = ClientLimits {
         header_timeout: config.server.header_timeout,
         client_timeout: CLIENT_TIMEOUT,
@@ -177,68 +166,68 @@ pub async fn run(
         config.server.admin_on_main,
         shutdown.signalled.clone(),
         config.server.access_log,
+        matches!(source, Source::Site(..)),
     );
+    for note in &config.notes {
+        tracing::info!("{note}");
+    }
+    for app in &config.apps {
+        tracing::info!(app = %app.name, path = %app.source.path().display(), mount = %app.prefix, workers = app.n_min,
+            preload = app.preload, "starting workers");
+    }
+    let starting = apps.start(&config);
+    tokio::pin!(starting);
     // Serve at once: health checks answer while workers start, requests wait for them.
     let server =
         tokio::spawn(http::server::run(listener, front, shutdown.clone(), limits, config.server.graceful_timeout));
-
-    let stop_all = || async {
-        for m in &mounted {
-            m.sup.shutdown().await;
-        }
-    };
-    for app in &config.apps {
-        tracing::info!(app = %app.name, path = %app.source.path().display(), workers = app.n_min, preload = app.preload, "starting workers");
-    }
     let started = Instant::now();
-    let starts = futures_join(mounted.iter().map(|m| {
-        let m = m.clone();
-        async move { m.sup.start().await.map_err(|e| (m.config.clone(), e)) }
-    }));
-    tokio::pin!(starts);
     let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
     loop {
         tokio::select! {
-            result = &mut starts => match result {
+            result = &mut starting => match result {
                 Ok(()) => break,
-                Err((app, error)) => {
-                    stop_all().await;
-                    return Err(RunError::Start { app: app.name.clone(), path: app.source.path().display().to_string(), error });
+                Err(e) => {
+                    apps.shutdown().await;
+                    return Err(e);
                 }
             },
             _ = progress.tick() => {
-                for m in &mounted {
+                for m in router.current().apps() {
                     let g = m.sup.gauges();
                     tracing::info!(app = %m.config.name, ready = g.idle + g.busy, wanted = m.config.n_min,
                         waited_s = started.elapsed().as_secs(), "still starting workers");
                 }
             }
             _ = shutdown.drain.cancelled() => {
-                stop_all().await;
+                apps.shutdown().await;
                 return Ok(Drained::Clean);
             }
         }
     }
     ready(&Serving { addr, admin: admin_addr });
+    reload_on_hangup(reloader, shutdown.drain.clone());
     let drained = server.await.unwrap_or(Drained::Cut);
-    stop_all().await;
+    apps.shutdown().await;
     Ok(drained)
 }
 
-/// Runs futures side by side; the first error wins.
-async fn futures_join<T, F>(futures: impl Iterator<Item = F>) -> Result<(), T>
-where
-    F: std::future::Future<Output = Result<(), T>> + Send + 'static,
-    T: Send + 'static,
-{
-    let mut set = tokio::task::JoinSet::new();
-    for f in futures {
-        set.spawn(f);
-    }
-    while let Some(done) = set.join_next().await {
-        if let Ok(Err(e)) = done {
-            return Err(e);
+/// SIGHUP reloads the configuration (until the drain begins).
+fn reload_on_hangup(reloader: Arc<Reloader>, drain: tokio_util::sync::CancellationToken) {
+    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP: reload with POST /__valve__/reload");
+            return;
         }
-    }
-    Ok(())
+    };
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = drain.cancelled() => return,
+                got = hup.recv() => if got.is_none() { return },
+            }
+            tracing::info!("SIGHUP: reloading the configuration");
+            let _ = reloader.reload().await;
+        }
+    });
 }

@@ -5,8 +5,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
-use valve::config::{Args, Config};
+use valve::config::{Args, Config, LoadError, Source};
 use valve::http::server::{display_addr, Drained};
 use valve::metrics::Registry;
 use valve::shutdown::Shutdown;
@@ -17,7 +16,7 @@ const EXIT_START: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
-    let args = match Args::try_parse() {
+    let args = match Args::parse_noting_given() {
         Ok(args) => args,
         Err(e) if !e.use_stderr() => e.exit(), // --help, --version
         Err(e) => {
@@ -33,13 +32,29 @@ fn main() -> ExitCode {
         return healthcheck(&url);
     }
     let json = args.wants_json_logs();
-    let config = match args.into_config() {
-        Ok(config) => config,
+    let loaded = args.source().map_err(LoadError::from).and_then(|source| Ok((source.load()?, source)));
+    let (config, source) = match loaded {
+        Ok(loaded) => loaded,
         Err(e) => {
-            valve::log::early_error(json, &e.to_string());
+            let problems = e.to_string();
+            let several = problems.lines().count() > 1;
+            if args.check || several {
+                for line in problems.lines() {
+                    valve::log::early_error(json, line);
+                }
+            } else {
+                valve::log::early_error(json, &problems);
+            }
+            if args.check {
+                eprintln!("valve: {} problem(s); nothing was started", problems.lines().count());
+            }
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    if args.check {
+        println!("valve: {} is valid: {}", source.describe(), summary(&config));
+        return ExitCode::SUCCESS;
+    }
     let log = valve::log::init(json);
     raise_descriptor_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -54,7 +69,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_START);
         }
     };
-    let code = runtime.block_on(serve(config, &log));
+    let code = runtime.block_on(serve(config, source, &log));
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     code
 }
@@ -101,7 +116,27 @@ fn healthcheck(url: &str) -> ExitCode {
     }
 }
 
-async fn serve(config: Config, log: &valve::log::Log) -> ExitCode {
+/// One line on what a valid configuration serves (`--check`).
+fn summary(config: &Config) -> String {
+    let apps: Vec<String> = config
+        .apps
+        .iter()
+        .map(|a| {
+            format!(
+                "{} at {}{} ({}, {}-{} workers)",
+                a.name,
+                a.hostname.as_deref().unwrap_or(""),
+                a.prefix,
+                if a.is_shiny() { "Shiny" } else { "plumber" },
+                a.n_min,
+                a.n_max
+            )
+        })
+        .collect();
+    format!("{} app(s), at most {} R workers: {}", apps.len(), config.server.max_workers, apps.join("; "))
+}
+
+async fn serve(config: Config, source: Source, log: &valve::log::Log) -> ExitCode {
     let shutdown = Shutdown::new();
     if let Err(e) = shutdown.listen_for_signals(config.server.drain_delay) {
         tracing::error!("valve: error: cannot listen for signals: {e}");
@@ -118,7 +153,8 @@ async fn serve(config: Config, log: &valve::log::Log) -> ExitCode {
         }
     };
     let result =
-        valve::run(config.clone(), listener, admin, registry, shutdown, |serving| announce(&config, serving)).await;
+        valve::run(config.clone(), source, listener, admin, registry, shutdown, |serving| announce(&config, serving))
+            .await;
     match result {
         Ok(Drained::Clean) => ExitCode::SUCCESS,
         Ok(Drained::Cut) => ExitCode::from(EXIT_START),

@@ -4,17 +4,19 @@
 //! so a long computation cannot fail a probe.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use http::{Response, StatusCode};
+use http::header::{HeaderValue, ALLOW};
+use http::{Method, Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
 use crate::app::Fleet;
 use crate::config::Config;
 use crate::http::reply::{error, redirect, text, ReplyBody};
-use crate::http::router::Router;
+use crate::http::router::{Router, Table};
 use crate::metrics::{Gauges, Registry};
+use crate::reload::Reloader;
 
 const DASHBOARD: &str = include_str!("dashboard.html");
 
@@ -29,6 +31,8 @@ pub struct Admin {
     stopping: CancellationToken,
     started: Instant,
     config: serde_json::Value,
+    /// Reloads the configuration (`POST /__valve__/reload`).
+    reloader: OnceLock<Arc<Reloader>>,
 }
 
 /// Whether a path is one of valve's own (`/__valve__` or below it).
@@ -69,7 +73,19 @@ impl Admin {
             "max_worker_memory": first.and_then(|a| a.max_worker_memory),
             "max_sessions": first.map(|a| a.max_sessions),
         });
-        Arc::new(Admin { router, fleet, registry, stopping, started: Instant::now(), config })
+        Arc::new(Admin {
+            router,
+            fleet,
+            registry,
+            stopping,
+            started: Instant::now(),
+            config,
+            reloader: OnceLock::new(),
+        })
+    }
+
+    pub fn set_reloader(&self, reloader: Arc<Reloader>) {
+        let _ = self.reloader.set(reloader);
     }
 
     /// Every app's gauges, by name (an app's generations added up).
@@ -92,9 +108,12 @@ impl Admin {
     /// Answers a path for which `is_admin_path` holds. `private`: the
     /// request came to the admin listener (or the main port serves all pages);
     /// otherwise only health and readiness are answered.
-    pub fn handle(&self, path: &str, private: bool) -> Response<ReplyBody> {
+    pub async fn handle(&self, method: &Method, path: &str, private: bool) -> Response<ReplyBody> {
         let plain = "text/plain; charset=utf-8";
         let page = path.strip_prefix(PREFIX).unwrap_or("");
+        if private && page == "/reload" {
+            return self.reload(method).await;
+        }
         if !private && !matches!(page, "/healthz" | "/readyz") {
             return error(
                 StatusCode::NOT_FOUND,
@@ -120,6 +139,36 @@ impl Admin {
             "/status" => text(StatusCode::OK, "application/json", self.status().to_string()),
             "/" => text(StatusCode::OK, "text/html; charset=utf-8", DASHBOARD),
             _ => error(StatusCode::NOT_FOUND, "no such valve path; try /__valve__/ for the dashboard"),
+        }
+    }
+
+    /// `POST /__valve__/reload`: reads the configuration again and applies it.
+    async fn reload(&self, method: &Method) -> Response<ReplyBody> {
+        if method != Method::POST {
+            let mut resp =
+                error(StatusCode::METHOD_NOT_ALLOWED, "reload with POST /__valve__/reload (or send valve SIGHUP)");
+            resp.headers_mut().insert(ALLOW, HeaderValue::from_static("POST"));
+            return resp;
+        }
+        let Some(reloader) = self.reloader.get() else {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "valve is still starting; reload once it is ready");
+        };
+        if self.stopping.is_cancelled() {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "valve is shutting down; nothing was reloaded");
+        }
+        match reloader.reload().await {
+            Ok(plan) => {
+                let body = serde_json::json!({ "reloaded": true, "apps": plan });
+                text(StatusCode::OK, "application/json", body.to_string())
+            }
+            Err(e) => {
+                let problems: Vec<String> = e.to_string().lines().map(str::to_string).collect();
+                let body = serde_json::json!({
+                    "error": "the configuration has problems; nothing changed",
+                    "problems": problems,
+                });
+                text(StatusCode::BAD_REQUEST, "application/json", body.to_string())
+            }
         }
     }
 
@@ -159,6 +208,14 @@ impl Admin {
                 "saturation": g.saturation(),
                 "workers": workers,
                 "history": m.sup.metrics.history(),
+                "settings": {
+                    "max_age_s": c.max_age.as_secs_f64(),
+                    "request_timeout_s": c.request_timeout.map(|d| d.as_secs_f64()),
+                    "max_body_size": c.max_body_size,
+                    "max_requests": c.max_requests,
+                    "max_worker_memory": c.max_worker_memory,
+                    "max_sessions": c.max_sessions,
+                },
             }));
         }
         let first = table.apps().first();
@@ -180,4 +237,32 @@ impl Admin {
             "config": self.config,
         })
     }
+}
+
+/// `/` under `--site`: the apps, as a plain page of links.
+pub fn listing(table: &Table) -> Response<ReplyBody> {
+    let mut apps: Vec<_> = table.apps().iter().filter(|m| m.config.hostname.is_none()).collect();
+    apps.sort_by(|a, b| a.config.prefix.cmp(&b.config.prefix));
+    let mut body = String::from(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Apps</title>\n\
+         <style>body{font-family:system-ui,sans-serif;max-width:40em;margin:3em auto;line-height:1.6}\
+         small{color:#666}</style></head>\n<body><h1>Apps</h1>\n<ul>\n",
+    );
+    for m in apps {
+        let c = &m.config;
+        let kind = if c.is_shiny() { "Shiny app" } else { "plumber API" };
+        let docs =
+            if c.is_shiny() { String::new() } else { format!(" &middot; <a href=\"{}/__docs__/\">docs</a>", c.prefix) };
+        body.push_str(&format!(
+            "<li><a href=\"{p}/\">{n}</a> <small>{kind}{docs}</small></li>\n",
+            p = c.prefix,
+            n = html_escape(&c.name)
+        ));
+    }
+    body.push_str("</ul>\n</body></html>\n");
+    text(StatusCode::OK, "text/html; charset=utf-8", body)
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }

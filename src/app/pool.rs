@@ -236,6 +236,9 @@ pub struct Pool<W> {
     /// the last did; drives the restart backoff.
     failed_starts: u32,
     last_failure: Option<Instant>,
+    /// This generation of the app is being replaced or removed: workers stop
+    /// as they come free, and none starts but for requests already queued.
+    winding_down: bool,
 }
 
 impl<W> Pool<W> {
@@ -249,7 +252,43 @@ impl<W> Pool<W> {
             session_demand: 0,
             failed_starts: 0,
             last_failure: None,
+            winding_down: false,
         }
+    }
+
+    /// Changes `n_min` (a generation being replaced gives up its places; a new
+    /// one proves itself with one worker even when its app scales to zero).
+    pub fn set_n_min(&mut self, n_min: usize) {
+        self.limits.n_min = n_min.min(self.limits.n_max);
+    }
+
+    /// Winds this generation down: idle workers stop now, busy ones when their
+    /// request ends (after the requests already queued), Shiny workers holding
+    /// sessions or browsers on their way drain. Returns the workers to stop now.
+    pub fn wind_down(&mut self) -> Vec<(WorkerId, Retire)> {
+        self.winding_down = true;
+        self.limits.n_min = 0;
+        let mut stop = Vec::new();
+        for (id, slot) in self.slots.iter_mut() {
+            if slot.state != State::Idle {
+                continue;
+            }
+            slot.retired = Some(Retire::Shutdown);
+            if slot.sessions == 0 && slot.pending.is_empty() {
+                slot.state = State::Stopping;
+                stop.push((*id, Retire::Shutdown));
+            } else {
+                slot.state = State::Draining;
+            }
+        }
+        if self.queue.is_empty() {
+            for (id, slot) in self.slots.iter_mut().filter(|(_, s)| s.state == State::Starting) {
+                slot.state = State::Stopping;
+                slot.retired = Some(Retire::Shutdown);
+                stop.push((*id, Retire::Shutdown));
+            }
+        }
+        stop
     }
 
     pub fn limits(&self) -> Limits {
@@ -406,6 +445,11 @@ impl<W> Pool<W> {
                 slot.served += 1;
                 return Release::Handoff(waiter);
             }
+        }
+        if self.winding_down {
+            slot.state = State::Stopping;
+            slot.retired = Some(Retire::Shutdown);
+            return Release::Retire(Retire::Shutdown);
         }
         slot.state = State::Idle;
         Release::Idle
@@ -642,6 +686,38 @@ mod tests {
 
     fn grow(p: &mut Pool<u32>, now: Instant) -> Vec<WorkerId> {
         p.grow(now, usize::MAX).ids
+    }
+
+    #[test]
+    fn a_generation_winding_down_stops_workers_as_they_come_free() {
+        let (mut p, t0) = pool(2, 4);
+        let start = p.grow(t0, 10);
+        ready_all(&mut p, &start.ids, t0);
+        let busy = p.checkout().unwrap();
+        let idle = *start.ids.iter().find(|id| **id != busy).unwrap();
+        p.enqueue(7);
+        assert_eq!(p.wind_down(), vec![(idle, Retire::Shutdown)], "the idle worker stops now");
+        assert!(
+            matches!(p.release(busy, t0, Done::Completed, ALL), Release::Handoff(7)),
+            "queued requests are served first"
+        );
+        assert!(matches!(p.release(busy, t0, Done::Completed, ALL), Release::Retire(Retire::Shutdown)));
+        assert_eq!(p.wants(), 0, "a generation winding down starts nothing");
+        assert_eq!(p.limits().n_min, 0);
+    }
+
+    #[test]
+    fn winding_down_stops_idle_workers_and_drains_shiny_ones() {
+        let (mut p, t0) = pool(3, 4);
+        let start = p.grow(t0, 10);
+        ready_all(&mut p, &start.ids, t0);
+        let busy = p.checkout().unwrap();
+        let shiny = *start.ids.iter().find(|id| **id != busy).unwrap();
+        p.session_opened(shiny, t0, None);
+        let stopped = p.wind_down();
+        assert_eq!(p.slot(shiny).unwrap().state, State::Draining, "a worker holding a session drains");
+        assert_eq!(stopped.len(), 1, "the idle worker stops now: {stopped:?}");
+        assert_eq!(p.slot(busy).unwrap().state, State::Busy, "a busy worker finishes its request");
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! bookkeeping only: never across an `.await`, never while reading /proc.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -80,7 +80,7 @@ pub struct Settings {
 pub struct Fleet {
     state: Mutex<FleetState>,
     ids: Ids,
-    max_workers: usize,
+    max_workers: AtomicUsize,
     next_key: AtomicU64,
 }
 
@@ -143,7 +143,7 @@ impl Fleet {
         Arc::new(Fleet {
             state: Mutex::new(FleetState { apps: BTreeMap::new() }),
             ids: Ids::default(),
-            max_workers,
+            max_workers: AtomicUsize::new(max_workers),
             next_key: AtomicU64::new(1),
         })
     }
@@ -160,7 +160,18 @@ impl Fleet {
     }
 
     pub fn max_workers(&self) -> usize {
-        self.max_workers
+        self.max_workers.load(Ordering::Relaxed)
+    }
+
+    /// Changes the budget (a reload): more room starts what apps want; less
+    /// stops nothing at once, workers above it are not replaced when they go.
+    pub fn set_max_workers(&self, max_workers: usize) {
+        let starts = {
+            let mut f = self.lock();
+            self.max_workers.store(max_workers.max(1), Ordering::Relaxed);
+            self.rebalance(&mut f, now())
+        };
+        spawn_all(starts);
     }
 
     /// Starts what every app wants that the budget allows (after a worker of
@@ -179,7 +190,7 @@ impl Fleet {
     /// is what stops it, the longest-idle spare worker of another app is
     /// stopped: its exit makes the room.
     fn grow(&self, f: &mut FleetState, key: AppKey, now: Instant) -> Option<(Arc<Supervisor>, Start)> {
-        let room = budget::room(self.max_workers, f.processes());
+        let room = budget::room(self.max_workers(), f.processes());
         let app = f.apps.get_mut(&key)?;
         if app.closing {
             return None;
@@ -200,7 +211,7 @@ impl Fleet {
                             worker = victim.worker,
                             app = %other.sup.upgrade().map(|s| s.settings.name.clone()).unwrap_or_default(),
                             for_app = %sup.settings.name,
-                            max_workers = self.max_workers,
+                            max_workers = self.max_workers(),
                             "stopping an idle worker: another app needs its place in the worker budget"
                         );
                     }
@@ -540,6 +551,10 @@ impl Supervisor {
                             memory_mb = app.pool.slot(id).and_then(|s| s.memory).unwrap_or(0) >> 20,
                             limit_mb = self.settings.limits.max_memory.unwrap_or(0) >> 20,
                             "replacing worker: its memory passed --max-worker-memory"
+                        ),
+                        Retire::Shutdown => tracing::info!(
+                            app = %self.settings.name, worker = id, pid,
+                            "stopping worker: its app was reloaded or removed, and its last request is done"
                         ),
                         _ => tracing::info!(
                             app = %self.settings.name, worker = id, pid,
@@ -915,6 +930,35 @@ impl Supervisor {
                 }
             }
         }
+    }
+
+    /// Changes the app's `n_min` and starts what that calls for.
+    pub fn set_n_min(self: &Arc<Self>, n_min: usize) {
+        let starts = {
+            let mut f = self.fleet.lock();
+            let Some(app) = f.apps.get_mut(&self.key) else { return };
+            app.pool.set_n_min(n_min);
+            self.fleet.grow(&mut f, self.key, now())
+        };
+        spawn_starts(starts);
+    }
+
+    /// Winds this generation down (its app was reloaded or removed): no new
+    /// worker, idle ones stop now, busy ones once their request (and those
+    /// already queued) are done, Shiny workers once their sessions end; after
+    /// `grace`, whatever is left is stopped as at shutdown.
+    pub async fn wind_down(self: &Arc<Self>, grace: Duration) {
+        let deadline = tokio::time::Instant::now() + grace;
+        self.with(|app| {
+            for (id, reason) in app.pool.wind_down() {
+                app.signal(id, reason);
+            }
+        });
+        self.changed.notify_waiters();
+        while self.with(|app| app.pool.processes() > 0) == Some(true) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.shutdown().await;
     }
 
     /// Stops taking requests, stops every worker and waits until all have

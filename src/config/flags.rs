@@ -1,17 +1,19 @@
 //! The command line: clap's derive API with a `VALVE_*` variable on every flag.
 
-use std::path::PathBuf;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 
-use super::{discover, parse_seconds, parse_size, AppConfig, AppSource, Config, ConfigError, Server};
+use super::{discover, file, parse_seconds, parse_size, AppConfig, AppSource, Config, ConfigError, Server, Source};
 
 /// One port in front of a pool of R worker processes running a plumber API or a Shiny app.
 ///
 /// Each request goes to an idle worker; when all are busy it waits in a queue
 /// and the pool grows up to --n-max, then shrinks back to --n-min once workers
-/// sit unused for --max-age seconds.
-#[derive(Parser, Debug)]
+/// sit unused for --max-age seconds. Several apps on one port: --config FILE or
+/// --site DIR; SIGHUP reloads them without dropping requests.
+#[derive(Parser, Debug, Clone)]
 #[command(name = "valve", version, max_term_width = 100)]
 pub struct Args {
     /// The app: a plumber file, a folder holding entrypoint.R or plumber.R, or a router saved with
@@ -19,6 +21,28 @@ pub struct Args {
     /// shinyApp(). Folders are searched as plumb(dir=) and shiny::runApp() search them.
     #[arg(short = 'f', long = "file", env = "VALVE_FILE", default_value = "plumber.R")]
     pub file: PathBuf,
+
+    /// Several apps on one port: a TOML file with server settings, per-app defaults (these flags'
+    /// names in snake_case) and one [[app]] table per app (name, path, file, hostname, env, and
+    /// any per-app flag). An app's own keys beat flags given here, which beat the file's top level.
+    #[arg(short = 'c', long = "config", env = "VALVE_CONFIG", value_name = "FILE", conflicts_with = "site")]
+    pub config: Option<PathBuf>,
+
+    /// Serve every folder of DIR that holds an app at /<folder>/ (as Shiny Server's site_dir
+    /// does), with these flags' settings; / lists the apps.
+    #[arg(long, env = "VALVE_SITE", value_name = "DIR")]
+    pub site: Option<PathBuf>,
+
+    /// Check the configuration (flags, --config file or --site folder) and exit: 0 when valve
+    /// would start, 2 with every problem listed (file:line:column).
+    #[arg(long)]
+    pub check: bool,
+
+    /// Most R workers across every app (--config, --site): the machine's budget. When an app needs
+    /// a worker and the budget is spent, the longest-idle worker of another app gives way (never
+    /// below that app's --n-min). Default: the apps' --n-max added up.
+    #[arg(long = "max-workers", env = "VALVE_MAX_WORKERS", value_name = "N")]
+    pub max_workers: Option<usize>,
 
     /// Address to listen on.
     #[arg(long, env = "VALVE_HOST", default_value = "127.0.0.1")]
@@ -134,6 +158,11 @@ pub struct Args {
     /// HEALTHCHECKs: no curl needed.
     #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "")]
     pub healthcheck: Option<String>,
+
+    /// The flags given on the command line or by a `VALVE_*` variable (by
+    /// their names in snake_case): they beat a config file's top level.
+    #[arg(skip)]
+    pub explicit: BTreeSet<String>,
 }
 
 impl Args {
@@ -158,7 +187,36 @@ impl Args {
         self.log_format == "json"
     }
 
-    pub fn into_config(self) -> Result<Config, ConfigError> {
+    /// Parses the command line, noting which flags were given (not defaulted).
+    pub fn parse_noting_given() -> Result<Args, clap::Error> {
+        let cmd = Args::command();
+        let mut matches = cmd.clone().try_get_matches()?;
+        let mut args = Args::from_arg_matches_mut(&mut matches)?;
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if matches!(
+                matches.value_source(id),
+                Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
+            ) {
+                args.explicit.insert(id.to_string());
+            }
+        }
+        Ok(args)
+    }
+
+    /// Where the configuration comes from: `--config`, `--site` or the flags alone.
+    pub fn source(&self) -> Result<Source, ConfigError> {
+        let file_given = self.explicit.contains("file");
+        match (&self.config, &self.site) {
+            (Some(_), _) | (_, Some(_)) if file_given => Err(ConfigError::Several),
+            (Some(path), _) => Ok(Source::File(path.clone(), self.clone())),
+            (None, Some(dir)) => Ok(Source::Site(dir.clone(), self.clone())),
+            (None, None) => Ok(Source::Flags(self.clone())),
+        }
+    }
+
+    /// Checks the per-app flags alone.
+    fn check_pool_flags(&self) -> Result<(), ConfigError> {
         if self.n_max == 0 {
             return Err(ConfigError::ZeroMax);
         }
@@ -174,19 +232,51 @@ impl Args {
         if self.max_sessions == 0 {
             return Err(ConfigError::ZeroSessions);
         }
-        let request_timeout = parse_seconds("--request-timeout", &self.request_timeout, true)?;
+        Ok(())
+    }
+
+    /// `-f`: one app at `/`.
+    pub fn single(&self) -> Result<Config, ConfigError> {
+        self.check_pool_flags()?;
         let source = match discover::resolve(&self.file, "-f/--file")? {
             AppSource::Shiny(p) if self.preload => return Err(ConfigError::PreloadShiny(p.display().to_string())),
             source => source,
         };
-        let app = AppConfig {
-            name: source.default_name(),
-            prefix: "/".to_string(),
+        let app = self.app(source.default_name(), "/".to_string(), source, self.preload)?;
+        let server = self.server(self.max_workers.unwrap_or(self.n_max))?;
+        if app.n_min > server.max_workers {
+            return Err(ConfigError::MinAboveBudget { n_min: app.n_min, max: server.max_workers });
+        }
+        Ok(Config { server, apps: vec![app], notes: Vec::new() })
+    }
+
+    /// `--site DIR`: each app folder at `/<folder>`, with the flags' settings.
+    /// `--preload` applies to the plumber APIs among them.
+    pub fn site(&self, dir: &Path) -> Result<Config, ConfigError> {
+        self.check_pool_flags()?;
+        let (apps, notes) = file::site(dir, |source, name, prefix| {
+            let preload = self.preload && !source.is_shiny();
+            self.app(name, prefix, source, preload)
+        })?;
+        let n_min: usize = apps.iter().map(|a| a.n_min).sum();
+        let server = self.server(self.max_workers.unwrap_or_else(|| apps.iter().map(|a| a.n_max).sum()))?;
+        if n_min > server.max_workers {
+            return Err(ConfigError::MinAboveBudget { n_min, max: server.max_workers });
+        }
+        Ok(Config { server, apps, notes })
+    }
+
+    /// One app with the flags' settings.
+    fn app(&self, name: String, prefix: String, source: AppSource, preload: bool) -> Result<AppConfig, ConfigError> {
+        let request_timeout = parse_seconds("--request-timeout", &self.request_timeout, true)?;
+        Ok(AppConfig {
+            name,
+            prefix,
             hostname: None,
             n_min: self.n_min,
             n_max: self.n_max,
             max_age: parse_seconds("--max-age", &self.max_age, true)?,
-            preload: self.preload,
+            preload,
             request_timeout: (!request_timeout.is_zero()).then_some(request_timeout),
             queue_size: self.queue_size,
             queue_timeout: parse_seconds("--queue-timeout", &self.queue_timeout, false)?,
@@ -198,29 +288,31 @@ impl Args {
                 .map(|v| parse_size("--max-worker-memory", v))
                 .transpose()?,
             max_sessions: self.max_sessions,
-            r_bin: self.r_bin,
+            r_bin: self.r_bin.clone(),
             start_timeout: parse_seconds("--start-timeout", &self.start_timeout, false)?,
             env: Vec::new(),
             source,
-        };
-        let server = Server {
-            host: self.host,
+        })
+    }
+
+    fn server(&self, max_workers: usize) -> Result<Server, ConfigError> {
+        if max_workers == 0 {
+            return Err(ConfigError::ZeroMax);
+        }
+        Ok(Server {
+            host: self.host.clone(),
             port: self.port,
             threads: self.workers,
             graceful_timeout: parse_seconds("--graceful-timeout", &self.graceful_timeout, true)?,
             header_timeout: parse_seconds("--header-timeout", &self.header_timeout, false)?,
             drain_delay: parse_seconds("--drain-delay", &self.drain_delay, true)?,
             check_unused: parse_seconds("--check-unused", &self.check_unused, false)?,
-            admin_addr: match self.admin_addr.trim() {
-                "off" | "none" | "" => None,
-                addr => Some(addr.to_string()),
-            },
+            admin_addr: super::admin_addr(&self.admin_addr),
             admin_on_main: self.admin_on_main,
             access_log: !self.no_access_log,
             log_json: self.log_format == "json",
-            max_workers: self.n_max,
-        };
-        Ok(Config { server, apps: vec![app] })
+            max_workers,
+        })
     }
 }
 
@@ -255,14 +347,14 @@ mod tests {
     #[test]
     fn refuses_n_min_above_n_max() {
         let (_dir, f) = api();
-        let err = args(&["-f", &f, "--n-min", "5", "-n", "2"]).into_config().unwrap_err();
+        let err = args(&["-f", &f, "--n-min", "5", "-n", "2"]).single().unwrap_err();
         assert_eq!(err.to_string(), "--n-min 5 is above --n-max 2: raise --n-max or lower --n-min");
     }
 
     #[test]
     fn one_app_at_the_root_named_after_its_file() {
         let (_dir, f) = api();
-        let c = args(&["-f", &f]).into_config().unwrap();
+        let c = args(&["-f", &f]).single().unwrap();
         assert_eq!(c.apps.len(), 1);
         assert_eq!((c.apps[0].name.as_str(), c.apps[0].prefix.as_str()), ("plumber", "/"));
         assert_eq!(c.server.max_workers, 3, "-f: the budget is --n-max");
@@ -271,7 +363,7 @@ mod tests {
     #[test]
     fn zero_disables_request_timeout_and_recycling() {
         let (_dir, f) = api();
-        let c = args(&["-f", &f, "--request-timeout", "0"]).into_config().unwrap();
+        let c = args(&["-f", &f, "--request-timeout", "0"]).single().unwrap();
         let app = &c.apps[0];
         assert_eq!((app.request_timeout, app.max_requests, app.max_worker_memory), (None, None, None));
         assert_eq!(app.max_body_size, 100 << 20);
@@ -279,12 +371,12 @@ mod tests {
 
     #[test]
     fn missing_file_and_bad_seconds_say_what_and_where() {
-        let err = args(&["-f", "/nonexistent/api.R"]).into_config().unwrap_err();
+        let err = args(&["-f", "/nonexistent/api.R"]).single().unwrap_err();
         assert!(err.to_string().contains("/nonexistent/api.R"));
         let (_dir, f) = api();
-        let err = args(&["-f", &f, "--max-age", "soon"]).into_config().unwrap_err();
+        let err = args(&["-f", &f, "--max-age", "soon"]).single().unwrap_err();
         assert!(err.to_string().contains("--max-age \"soon\""));
-        let c = args(&["-f", &f, "--check-unused", "0.5"]).into_config().unwrap();
+        let c = args(&["-f", &f, "--check-unused", "0.5"]).single().unwrap();
         assert_eq!(c.server.check_unused, Duration::from_millis(500));
     }
 

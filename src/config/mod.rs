@@ -7,12 +7,14 @@
 //! the first before anything binds a port or starts R.
 
 mod discover;
+mod file;
 mod flags;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 pub use discover::AppSource;
+pub use file::{normal_prefix, valid_name, Problem, Problems};
 pub use flags::Args;
 
 /// A checked configuration: plain data, valid by construction.
@@ -21,6 +23,56 @@ pub struct Config {
     pub server: Server,
     /// The apps to serve (one for `-f`), in the order given.
     pub apps: Vec<AppConfig>,
+    /// Things worth saying at start-up (folders `--site` skipped).
+    pub notes: Vec<String>,
+}
+
+/// Where the configuration comes from, so that a reload reads it again.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// `-f`: one app, from flags (a reload restarts its workers).
+    Flags(Args),
+    /// `--config FILE`.
+    File(PathBuf, Args),
+    /// `--site DIR`.
+    Site(PathBuf, Args),
+}
+
+impl Source {
+    /// Reads the configuration (again).
+    pub fn load(&self) -> Result<Config, LoadError> {
+        match self {
+            Source::Flags(args) => args.single().map_err(LoadError::Flags),
+            Source::File(path, args) => file::load(path, args).map_err(LoadError::File),
+            Source::Site(dir, args) => args.site(dir).map_err(LoadError::Flags),
+        }
+    }
+
+    /// What a reload reads, for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Source::Flags(args) => format!("-f {}", args.file.display()),
+            Source::File(path, _) => path.display().to_string(),
+            Source::Site(dir, _) => format!("--site {}", dir.display()),
+        }
+    }
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{0}")]
+    Flags(#[from] ConfigError),
+    #[error("{0}")]
+    File(Problems),
+}
+
+/// `off` (or empty) turns the admin listener off.
+fn admin_addr(value: &str) -> Option<String> {
+    match value.trim() {
+        "off" | "none" | "" => None,
+        addr => Some(addr.to_string()),
+    }
 }
 
 /// What is valve-wide: the listener, the drain, logging, the worker budget.
@@ -106,6 +158,14 @@ pub enum ConfigError {
     BadSize { flag: &'static str, value: String },
     #[error("--queue-size must be at least 1")]
     ZeroQueue,
+    #[error("--site {0} holds no app folders (each sub-folder with plumber.R, entrypoint.R, app.R or server.R is served at /<folder>/)")]
+    EmptySite(String),
+    #[error(
+        "--n-min adds up to {n_min} over the apps, above --max-workers {max}: raise --max-workers or lower --n-min"
+    )]
+    MinAboveBudget { n_min: usize, max: usize },
+    #[error("use one of -f/--file, --config and --site, not several")]
+    Several,
 }
 
 /// Parses `512KB`, `10MB`, `1GB`, `1.5GB`, `2048` (bytes). Units are powers of

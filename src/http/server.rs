@@ -60,6 +60,8 @@ pub struct Front {
     /// Fired when a stop was asked for: answers carry `Connection: close`.
     closing: CancellationToken,
     access_log: bool,
+    /// `--site`: `/` lists the apps when no app is mounted there.
+    listing: bool,
 }
 
 impl Front {
@@ -70,8 +72,9 @@ impl Front {
         admin_on_main: bool,
         closing: CancellationToken,
         access_log: bool,
+        listing: bool,
     ) -> Arc<Self> {
-        Arc::new(Front { router, forwarder, admin, admin_on_main, closing, access_log })
+        Arc::new(Front { router, forwarder, admin, admin_on_main, closing, access_log, listing })
     }
 
     /// Answers one client request. Every failure becomes a short JSON answer.
@@ -91,13 +94,14 @@ impl Front {
 
     async fn answer(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ReplyBody> {
         if is_admin_path(req.uri().path()) {
-            return self.admin.handle(req.uri().path(), self.admin_on_main);
+            return self.admin.handle(req.method(), req.uri().path(), self.admin_on_main).await;
         }
         let table = self.router.current();
         let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).or_else(|| req.uri().host());
         let (mounted, inner) = match table.route(host, req.uri().path(), req.uri().query()) {
             Routed::App(m, inner) => (m, inner),
             Routed::AddSlash(location) => return redirect(&location),
+            Routed::Nowhere if self.listing && req.uri().path() == "/" => return crate::admin::listing(&table),
             Routed::Nowhere => return error(StatusCode::NOT_FOUND, "no app is mounted at this path"),
         };
         let start = Instant::now();
@@ -278,7 +282,7 @@ pub fn serve_admin(listener: TcpListener, admin: Arc<Admin>, limits: ClientLimit
                 async move {
                     let path = req.uri().path();
                     let resp = if is_admin_path(path) {
-                        admin.handle(path, true)
+                        admin.handle(req.method(), path, true).await
                     } else {
                         error(StatusCode::NOT_FOUND, "the admin listener serves /__valve__/ only")
                     };

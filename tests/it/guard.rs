@@ -83,7 +83,9 @@ async fn clients_that_never_read_their_answers_hold_no_worker() {
     // while the clients still have read nothing.
     let busy = || {
         let out = std::process::Command::new("curl").args(["-s", &valve.admin("/__valve__/status")]).output().unwrap();
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).map(|s| s["pool"]["busy"].as_u64().unwrap_or(9)).unwrap_or(9)
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .map(|s| s["pool"]["busy"].as_u64().unwrap_or(9))
+            .unwrap_or(9)
     };
     wait_until("the workers free again", Duration::from_secs(60), || busy() == 0);
     let start = Instant::now();

@@ -1,6 +1,7 @@
 //! Integration tests: the real `valve` binary with real R workers on loopback.
 
 mod admin;
+mod apps;
 mod deps;
 mod fidelity;
 mod guard;

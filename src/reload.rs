@@ -1,0 +1,485 @@
+//! The apps being served, and changing them while they serve.
+//!
+//! Each app serves from one generation (a `Supervisor` with its workers).
+//! A reload reads the configuration again and compares each app's entry and
+//! the fingerprint of its files with what serves:
+//! - an app added starts, and is mounted once its first workers answer;
+//! - an app removed is unmounted at once; its generation finishes its
+//!   requests, gives Shiny sessions the graceful timeout, and stops;
+//! - an app changed gets a new generation beside the old one, which gives up
+//!   its places in the worker budget as the new one needs them. Once the new
+//!   generation answers (one worker at least, even for an app that scales to
+//!   zero) it takes new requests and sessions; the old one winds down as a
+//!   removed app does, still serving the Shiny browsers it holds. A new
+//!   generation that cannot start is stopped and the old one keeps serving.
+//!
+//! Reloads run one at a time, may come faster than apps start (a generation
+//! still starting that the next reload no longer wants is stopped), and
+//! never leave the router without an app that was serving.
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::task::TaskTracker;
+
+use crate::app::{Fleet, Supervisor};
+use crate::config::{AppConfig, AppSource, Config, LoadError, Source};
+use crate::http::router::{Mounted, Router, Table};
+use crate::metrics::Registry;
+use crate::worker::{RLauncher, Spec, StartError};
+use crate::{settings, RunError};
+
+/// What a reload did, by app name.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Plan {
+    /// Apps that start (mounted once they answer).
+    pub added: Vec<String>,
+    /// Apps that get a new generation (it takes over once it answers).
+    pub changed: Vec<String>,
+    /// Apps unmounted (their workers finish what they have, then stop).
+    pub removed: Vec<String>,
+    pub unchanged: Vec<String>,
+}
+
+/// Every app and its generations.
+pub struct Apps {
+    router: Arc<Router>,
+    fleet: Arc<Fleet>,
+    registry: Arc<Registry>,
+    run_dir: Arc<tempfile::TempDir>,
+    /// Where valve listens (workers are told, for the URLs apps build).
+    host: String,
+    port: u16,
+    state: Mutex<State>,
+    /// One reload at a time.
+    reloading: tokio::sync::Mutex<()>,
+    /// Winding-down generations and starting ones.
+    tasks: TaskTracker,
+}
+
+#[derive(Default)]
+struct State {
+    serving: BTreeMap<String, Serving>,
+    starting: BTreeMap<String, Starting>,
+    /// The settings of the last configuration applied.
+    check_unused: Duration,
+    grace: Duration,
+    next: u64,
+}
+
+/// An app that serves: its current generation and older ones still finishing.
+struct Serving {
+    config: AppConfig,
+    print: u64,
+    sup: Arc<Supervisor>,
+    older: Vec<Arc<Supervisor>>,
+}
+
+/// A generation on its way: it takes over once it answers.
+struct Starting {
+    config: AppConfig,
+    print: u64,
+    sup: Arc<Supervisor>,
+    id: u64,
+}
+
+impl Apps {
+    pub fn new(
+        router: Arc<Router>,
+        fleet: Arc<Fleet>,
+        registry: Arc<Registry>,
+        run_dir: Arc<tempfile::TempDir>,
+        config: &Config,
+        port: u16,
+    ) -> Arc<Apps> {
+        Arc::new(Apps {
+            router,
+            fleet,
+            registry,
+            run_dir,
+            host: config.server.host.clone(),
+            port,
+            state: Mutex::new(State {
+                check_unused: config.server.check_unused,
+                grace: config.server.graceful_timeout,
+                ..State::default()
+            }),
+            reloading: tokio::sync::Mutex::new(()),
+            tasks: TaskTracker::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn generation(&self, app: &AppConfig, check_unused: Duration) -> Result<Arc<Supervisor>, RunError> {
+        let spec = Spec::new(
+            self.run_dir.clone(),
+            app.r_bin.clone(),
+            app.source.clone(),
+            app.env.clone(),
+            self.host.clone(),
+            self.port,
+        );
+        let launcher = RLauncher::new(spec, app.preload).map_err(RunError::RunDir)?;
+        Ok(Supervisor::new(
+            self.fleet.clone(),
+            settings(app, check_unused),
+            Box::new(launcher),
+            self.registry.app(&app.name),
+        ))
+    }
+
+    /// Puts the serving apps in the router.
+    fn remount(&self, state: &State) {
+        let mounted = state
+            .serving
+            .values()
+            .map(|s| Arc::new(Mounted { config: s.config.clone(), sup: s.sup.clone(), older: s.older.clone() }))
+            .collect();
+        self.router.swap(Table::new(mounted));
+    }
+
+    /// The first start: every app is mounted at once (requests wait for their
+    /// workers) and its `n_min` workers started; the first failure is returned.
+    pub async fn start(self: &Arc<Self>, config: &Config) -> Result<(), RunError> {
+        let mut sups = Vec::new();
+        {
+            let mut state = self.lock();
+            for app in &config.apps {
+                let sup = self.generation(app, config.server.check_unused)?;
+                let print = fingerprint(&app.source);
+                state.serving.insert(
+                    app.name.clone(),
+                    Serving { config: app.clone(), print, sup: sup.clone(), older: Vec::new() },
+                );
+                sups.push((app.clone(), sup));
+            }
+            self.remount(&state);
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for (app, sup) in sups {
+            set.spawn(async move { sup.start().await.map_err(|e| (app, e)) });
+        }
+        while let Some(done) = set.join_next().await {
+            if let Ok(Err((app, error))) = done {
+                return Err(RunError::Start {
+                    app: app.name.clone(),
+                    path: app.source.path().display().to_string(),
+                    error,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Current workers of every app, as the ready line and status show them.
+    pub fn configs(&self) -> Vec<AppConfig> {
+        self.lock().serving.values().map(|s| s.config.clone()).collect()
+    }
+
+    /// Applies a new configuration (see the module's comment). Returns at
+    /// once: new generations take over when they answer.
+    pub async fn reload(self: &Arc<Self>, config: Config) -> Plan {
+        let _one = self.reloading.lock().await;
+        let prints: Vec<u64> = {
+            let sources: Vec<AppSource> = config.apps.iter().map(|a| a.source.clone()).collect();
+            tokio::task::spawn_blocking(move || sources.iter().map(fingerprint).collect()).await.unwrap_or_default()
+        };
+        self.fleet.set_max_workers(config.server.max_workers);
+        let mut plan = Plan::default();
+        let mut stop = Vec::new();
+        let mut retire = Vec::new();
+        let mut launch = Vec::new();
+        {
+            let mut state = self.lock();
+            state.check_unused = config.server.check_unused;
+            state.grace = config.server.graceful_timeout;
+            for (app, print) in config.apps.iter().zip(prints.iter().copied().chain(std::iter::repeat(0))) {
+                let same = |c: &AppConfig, p: u64| c == app && p == print;
+                if state.serving.get(&app.name).is_some_and(|s| same(&s.config, s.print)) {
+                    if let Some(s) = state.starting.remove(&app.name) {
+                        stop.push(s.sup);
+                        if let Some(serving) = state.serving.get(&app.name) {
+                            launch.push((serving.sup.clone(), Some(serving.config.n_min)));
+                        }
+                    }
+                    plan.unchanged.push(app.name.clone());
+                    continue;
+                }
+                if state.serving.contains_key(&app.name) {
+                    plan.changed.push(app.name.clone());
+                } else {
+                    plan.added.push(app.name.clone());
+                }
+                if state.starting.get(&app.name).is_some_and(|s| same(&s.config, s.print)) {
+                    continue;
+                }
+                if let Some(s) = state.starting.remove(&app.name) {
+                    stop.push(s.sup);
+                }
+                let sup = match self.generation(app, config.server.check_unused) {
+                    Ok(sup) => sup,
+                    Err(e) => {
+                        tracing::error!(app = %app.name, error = %e, "cannot start a new generation of the app");
+                        continue;
+                    }
+                };
+                state.next += 1;
+                let id = state.next;
+                state.starting.insert(app.name.clone(), Starting { config: app.clone(), print, sup: sup.clone(), id });
+                // The old generation gives up its places as the new one needs them.
+                if let Some(old) = state.serving.get(&app.name) {
+                    launch.push((old.sup.clone(), Some(0)));
+                }
+                launch.push((sup, None));
+                let this = self.clone();
+                let (name, sup) = (app.name.clone(), state.starting[&app.name].sup.clone());
+                let want_min = app.n_min;
+                self.tasks.spawn(async move {
+                    // Proven with one worker at least, even if the app scales to zero.
+                    if want_min == 0 {
+                        sup.set_n_min(1);
+                    }
+                    let result = sup.start().await;
+                    this.promote(&name, id, want_min, result);
+                });
+            }
+            let wanted: Vec<&str> = config.apps.iter().map(|a| a.name.as_str()).collect();
+            let gone: Vec<String> = state.serving.keys().filter(|n| !wanted.contains(&n.as_str())).cloned().collect();
+            for name in gone {
+                if let Some(s) = state.serving.remove(&name) {
+                    retire.push(s.sup);
+                    retire.extend(s.older);
+                }
+                plan.removed.push(name);
+            }
+            let gone: Vec<String> = state.starting.keys().filter(|n| !wanted.contains(&n.as_str())).cloned().collect();
+            for name in gone {
+                if let Some(s) = state.starting.remove(&name) {
+                    stop.push(s.sup);
+                }
+            }
+            self.remount(&state);
+            for sup in retire {
+                self.wind_down(sup, state.grace);
+            }
+        }
+        for (sup, n_min) in launch {
+            if let Some(n) = n_min {
+                sup.set_n_min(n);
+            }
+        }
+        for sup in stop {
+            self.tasks.spawn(async move { sup.shutdown().await });
+        }
+        plan
+    }
+
+    /// A new generation answered (or could not start): it takes over, or the
+    /// old one keeps serving. Ignored if a later reload replaced it meanwhile.
+    fn promote(self: &Arc<Self>, name: &str, id: u64, n_min: usize, result: Result<(), StartError>) {
+        let mut state = self.lock();
+        if state.starting.get(name).is_none_or(|s| s.id != id) {
+            return;
+        }
+        let Some(new) = state.starting.remove(name) else { return };
+        match result {
+            Ok(()) => {
+                new.sup.set_n_min(n_min);
+                let grace = state.grace;
+                let old = state.serving.remove(name);
+                let mut older = Vec::new();
+                if let Some(old) = old {
+                    older.push(old.sup.clone());
+                    older.extend(old.older);
+                    self.wind_down(old.sup, grace);
+                    tracing::info!(
+                        app = name,
+                        "reloaded: the new version serves; the previous one finishes its requests and sessions"
+                    );
+                } else {
+                    tracing::info!(app = name, path = %new.config.prefix, "app added: it serves");
+                }
+                state
+                    .serving
+                    .insert(name.to_string(), Serving { config: new.config, print: new.print, sup: new.sup, older });
+                self.remount(&state);
+            }
+            Err(e) => {
+                let serving = state.serving.get(name).map(|s| (s.sup.clone(), s.config.n_min));
+                tracing::error!(app = name, error = %e, output = ?e.tail(),
+                    "the app's new version could not start{}", if serving.is_some() { "; the previous version keeps serving" } else { "; it is not served" });
+                drop(state);
+                if let Some((old, n_min)) = serving {
+                    old.set_n_min(n_min);
+                }
+                self.tasks.spawn(async move { new.sup.shutdown().await });
+            }
+        }
+    }
+
+    /// Winds an old generation down in the background, then forgets it.
+    fn wind_down(self: &Arc<Self>, sup: Arc<Supervisor>, grace: Duration) {
+        let this = self.clone();
+        self.tasks.spawn(async move {
+            sup.wind_down(grace).await;
+            let mut state = this.lock();
+            for s in state.serving.values_mut() {
+                s.older.retain(|o| !Arc::ptr_eq(o, &sup));
+            }
+            this.remount(&state);
+        });
+    }
+
+    /// Stops every generation (at exit) and waits for their workers.
+    pub async fn shutdown(&self) {
+        let sups: Vec<Arc<Supervisor>> = {
+            let state = self.lock();
+            state
+                .serving
+                .values()
+                .flat_map(|s| std::iter::once(s.sup.clone()).chain(s.older.iter().cloned()))
+                .chain(state.starting.values().map(|s| s.sup.clone()))
+                .collect()
+        };
+        let mut set = tokio::task::JoinSet::new();
+        for sup in sups {
+            set.spawn(async move { sup.shutdown().await });
+        }
+        while set.join_next().await.is_some() {}
+        self.tasks.close();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.tasks.wait()).await;
+    }
+}
+
+/// Reads the configuration again and applies it: SIGHUP and
+/// `POST /__valve__/reload`.
+pub struct Reloader {
+    pub apps: Arc<Apps>,
+    source: Source,
+    /// The server settings valve started with (those a reload cannot change).
+    started: Config,
+}
+
+impl Reloader {
+    pub fn new(apps: Arc<Apps>, source: Source, started: Config) -> Arc<Reloader> {
+        Arc::new(Reloader { apps, source, started })
+    }
+
+    /// Reloads, or says why nothing changed.
+    pub async fn reload(&self) -> Result<Plan, LoadError> {
+        let source = self.source.clone();
+        let loaded = tokio::task::spawn_blocking(move || source.load()).await.unwrap_or_else(|e| {
+            Err(LoadError::Flags(crate::config::ConfigError::Unreadable { path: String::new(), reason: e.to_string() }))
+        });
+        let config = match loaded {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(source = %self.source.describe(), "reload refused, nothing changed:\n{e}");
+                return Err(e);
+            }
+        };
+        let (old, new) = (&self.started.server, &config.server);
+        for (what, changed) in [
+            ("host", old.host != new.host),
+            ("port", old.port != new.port),
+            ("workers", old.threads != new.threads),
+            ("admin_addr", old.admin_addr != new.admin_addr),
+            ("log_format", old.log_json != new.log_json),
+        ] {
+            if changed {
+                tracing::warn!(
+                    setting = what,
+                    "this setting changes only when valve restarts; the rest of the reload applies"
+                );
+            }
+        }
+        for note in &config.notes {
+            tracing::info!("{note}");
+        }
+        let plan = self.apps.reload(config).await;
+        tracing::info!(source = %self.source.describe(), added = ?plan.added, changed = ?plan.changed,
+            removed = ?plan.removed, unchanged = plan.unchanged.len(), "reloading");
+        Ok(plan)
+    }
+}
+
+/// What an app's files look like now: names, sizes and modification times of
+/// the app's file, or of every file in its folder (hidden ones and files
+/// beyond 20,000 aside). A plumber file's sibling R files count too (it may
+/// `source()` them).
+pub fn fingerprint(source: &AppSource) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut files = Vec::new();
+    match source {
+        AppSource::PlumberDir(d) => walk(d, 0, &mut files),
+        AppSource::Shiny(p) if p.is_dir() => walk(p, 0, &mut files),
+        AppSource::PlumberFile(p) | AppSource::PlumberRds(p) | AppSource::Shiny(p) => {
+            files.push(p.clone());
+            if let Some(Ok(siblings)) = p.parent().map(std::fs::read_dir) {
+                files.extend(
+                    siblings
+                        .flatten()
+                        .map(|e| e.path())
+                        .filter(|f| f.extension().is_some_and(|e| e.eq_ignore_ascii_case("r"))),
+                );
+            }
+        }
+    }
+    files.sort();
+    files.dedup();
+    for f in files {
+        f.hash(&mut h);
+        if let Ok(m) = std::fs::metadata(&f) {
+            m.len().hash(&mut h);
+            m.modified().ok().hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+fn walk(dir: &Path, depth: usize, out: &mut Vec<std::path::PathBuf>) {
+    if depth > 8 || out.len() > 20_000 {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let path = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() => walk(&path, depth + 1, out),
+            Ok(t) if t.is_file() => out.push(path),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fingerprint_changes_with_the_apps_files() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("plumber.R"), "a").unwrap();
+        let app = AppSource::PlumberDir(d.path().to_path_buf());
+        let first = fingerprint(&app);
+        assert_eq!(fingerprint(&app), first);
+        std::fs::write(d.path().join("plumber.R"), "ab").unwrap();
+        assert_ne!(fingerprint(&app), first, "an edit");
+        let second = fingerprint(&app);
+        std::fs::create_dir(d.path().join("R")).unwrap();
+        std::fs::write(d.path().join("R/helpers.R"), "x").unwrap();
+        assert_ne!(fingerprint(&app), second, "a file added in a sub-folder");
+        let third = fingerprint(&app);
+        std::fs::write(d.path().join(".Rhistory"), "x").unwrap();
+        assert_eq!(fingerprint(&app), third, "hidden files do not count");
+    }
+}
