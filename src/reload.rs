@@ -9,9 +9,10 @@
 //! - an app changed gets a new generation beside the old one, which gives up
 //!   its places in the worker budget as the new one needs them. Once the new
 //!   generation answers (one worker at least, even for an app that scales to
-//!   zero) it takes new requests and sessions; the old one winds down as a
-//!   removed app does, still serving the Shiny browsers it holds. A new
-//!   generation that cannot start is stopped and the old one keeps serving.
+//!   zero) it takes new requests and sessions; the old one finishes its
+//!   requests and keeps serving the Shiny sessions it holds until they close
+//!   (`OLD_GENERATION_MAX` at most), then stops. A new generation that cannot
+//!   start is stopped and the old one keeps serving.
 //!
 //! Reloads run one at a time, may come faster than apps start (a generation
 //! still starting that the next reload no longer wants is stopped), and
@@ -31,6 +32,10 @@ use crate::http::router::{Mounted, Router, Table};
 use crate::metrics::Registry;
 use crate::worker::{RLauncher, Spec, StartError};
 use crate::{settings, RunError};
+
+/// How long the previous generation of a changed app keeps the Shiny
+/// sessions (and long requests) it holds: until they end, but not forever.
+pub const OLD_GENERATION_MAX: Duration = Duration::from_secs(3600);
 
 /// What a reload did, by app name.
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -291,13 +296,12 @@ impl Apps {
         match result {
             Ok(()) => {
                 new.sup.set_n_min(n_min);
-                let grace = state.grace;
                 let old = state.serving.remove(name);
                 let mut older = Vec::new();
                 if let Some(old) = old {
                     older.push(old.sup.clone());
                     older.extend(old.older);
-                    self.wind_down(old.sup, grace);
+                    self.wind_down(old.sup, OLD_GENERATION_MAX);
                     tracing::info!(
                         app = name,
                         "reloaded: the new version serves; the previous one finishes its requests and sessions"

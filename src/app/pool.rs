@@ -117,6 +117,12 @@ pub struct Pending {
 }
 
 impl Slot {
+    /// Whether a new Shiny session may go to the worker: it serves (a liveness
+    /// probe does not hold it) and is not draining.
+    fn takes_sessions(&self) -> bool {
+        matches!(self.state, State::Idle | State::Probing)
+    }
+
     fn new(now: Instant, limit: Option<u64>) -> Self {
         Slot {
             state: State::Starting,
@@ -561,7 +567,7 @@ impl<W> Pool<W> {
         let with_room = self
             .slots
             .iter()
-            .filter(|(_, s)| s.state == State::Idle && s.load(now) < max)
+            .filter(|(_, s)| s.takes_sessions() && s.load(now) < max)
             .min_by_key(|(id, s)| (s.load(now), **id))
             .map(|(id, _)| *id);
         let can_grow = self.live() < self.limits.n_max || self.count(State::Starting) > 0;
@@ -571,7 +577,7 @@ impl<W> Pool<W> {
             None => self
                 .slots
                 .iter()
-                .filter(|(_, s)| s.state == State::Idle && s.sessions < max)
+                .filter(|(_, s)| s.takes_sessions() && s.sessions < max)
                 .min_by_key(|(id, s)| (s.sessions, s.load(now), **id))
                 .map(|(id, _)| *id)?,
         };

@@ -472,12 +472,17 @@ impl Supervisor {
                     app.pool.session_wanted();
                     counted = true;
                 }
-                self.fleet.grow(&mut f, self.key, now)
+                let seen: Vec<(WorkerId, &'static str, usize)> =
+                    app.pool.slots().map(|(id, s)| (id, s.state.as_str(), s.sessions)).collect();
+                (self.fleet.grow(&mut f, self.key, now), seen)
             };
+            let (starts, seen) = starts;
             if let Some((sup, start)) = starts {
                 tracing::info!(
                     app = %self.settings.name,
                     workers = ?start.ids,
+                    seen = ?seen,
+                    wanted = ?wanted.map(|w| w.0),
                     max_sessions = self.settings.limits.max_sessions,
                     "starting worker: every worker holds --max-sessions sessions"
                 );

@@ -582,6 +582,11 @@ fn under_prefix(headers: &mut HeaderMap, prefix: &str) {
     }
     headers.remove(header::SET_COOKIE);
     for c in cookies {
+        // valve's own sticky cookie already names the prefix.
+        if c.as_bytes().starts_with(STICKY_COOKIE.as_bytes()) {
+            headers.append(header::SET_COOKIE, c);
+            continue;
+        }
         let rewritten = c.to_str().ok().map(|text| {
             text.split(';')
                 .map(|attr| {
@@ -673,11 +678,15 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::LOCATION, HeaderValue::from_static("/__docs__/"));
         h.append(header::SET_COOKIE, HeaderValue::from_static("a=1; Path=/; HttpOnly"));
+        h.append(header::SET_COOKIE, HeaderValue::from_static("valve_worker=1.2.3; Path=/sales/; HttpOnly"));
         h.append(header::SET_COOKIE, HeaderValue::from_static("b=2; path=/x"));
         under_prefix(&mut h, "/sales");
         assert_eq!(h.get(header::LOCATION).unwrap(), "/sales/__docs__/");
         let cookies: Vec<_> = h.get_all(header::SET_COOKIE).iter().map(|v| v.to_str().unwrap().to_string()).collect();
-        assert_eq!(cookies, ["a=1; Path=/sales/; HttpOnly", "b=2; Path=/sales/x"]);
+        assert_eq!(
+            cookies,
+            ["a=1; Path=/sales/; HttpOnly", "valve_worker=1.2.3; Path=/sales/; HttpOnly", "b=2; Path=/sales/x"]
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
 // Drives Shiny's own example apps through valve in Debian's headless chromium.
-// Usage: node shiny.mjs hello|upload|download|survive VALVE_URL [SESSIONS]
+// Usage: node shiny.mjs hello|upload|download|survive|keep VALVE_URL [SESSIONS]
 // Prints JSON lines with what it saw; exits non-zero when a check fails.
 // `survive` prints {"ready":true}, waits for a line on stdin (the test kills
 // the session's worker meanwhile), then reloads and checks the app works.
@@ -72,6 +72,33 @@ try {
     await page.waitForFunction(() => window.Shiny && Shiny.shinyapp && Shiny.shinyapp.isConnected(), null, { timeout: 30000 });
     await page.waitForSelector("#distPlot img", { timeout: 30000 });
     console.log(JSON.stringify({ survived: true }));
+  } else if (mode === "keep") {
+    // One session held open across reloads of valve's config: on each stdin
+    // line `step`, change the input and wait for the plot of this same
+    // session (no page reload); on `end`, check a fresh browser too.
+    const page = await session();
+    await page.waitForSelector("#distPlot img", { timeout: 30000 });
+    const token = await page.evaluate(() => Shiny.shinyapp.config.sessionId);
+    console.log(JSON.stringify({ ready: true }));
+    let step = 0;
+    const lines = createInterface({ input: process.stdin });
+    for await (const line of lines) {
+      if (line.trim() === "end") break;
+      step += 1;
+      const before = await plotSrc(page);
+      await page.evaluate((n) => Shiny.setInputValue("bins", 5 + (n % 40)), step);
+      await page.waitForFunction((old) => {
+        const img = document.querySelector("#distPlot img");
+        return img && img.getAttribute("src") !== old;
+      }, before, { timeout: 30000 });
+      const same = await page.evaluate(() => Shiny.shinyapp.isConnected() && Shiny.shinyapp.config.sessionId);
+      check(same === token, `the same session answers (was ${token}, now ${same})`);
+      console.log(JSON.stringify({ step, kept: true }));
+    }
+    lines.close();
+    const fresh = await session();
+    await fresh.waitForSelector("#distPlot img", { timeout: 30000 });
+    console.log(JSON.stringify({ fresh: true }));
   } else {
     throw new Error(`unknown mode ${mode}`);
   }

@@ -462,3 +462,64 @@ async fn a_version_that_cannot_start_leaves_the_old_one_serving() {
     let get_reload = client().get(valve.admin("/__valve__/reload")).send().await.unwrap();
     assert_eq!(get_reload.status(), 405);
 }
+
+#[test]
+fn a_shiny_session_on_a_changed_app_keeps_working_and_new_browsers_get_the_new_version() {
+    use std::io::{BufRead, BufReader, Write};
+    need_browser();
+    let shiny_app = |version: &str| {
+        format!(
+            "max_workers = 4\n[[app]]\nname = \"explorer\"\npath = \"/explorer\"\nfile = \"{{shiny}}\"\nenv = {{ APP_VERSION = \"{version}\" }}\n"
+        )
+    };
+    let (_dir, path) = config(&shiny_app("1"));
+    let valve = start(&path, &[]);
+    let mut node = Command::new("node")
+        .args(["shiny.mjs", "keep", &valve.get("/explorer/")])
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("node runs");
+    let mut out = BufReader::new(node.stdout.take().unwrap()).lines();
+    let mut input = node.stdin.take().unwrap();
+    assert!(out.next().unwrap().unwrap().contains("\"ready\":true"));
+    let status: serde_json::Value = serde_json::from_slice(
+        &Command::new("curl").args(["-s", &valve.admin("/__valve__/status")]).output().unwrap().stdout,
+    )
+    .unwrap();
+    let first: Vec<u32> = status["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["sessions"] == 1)
+        .map(|w| w["pid"].as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(first.len(), 1, "one worker holds the session: {status}");
+    assert!(
+        !valve.log().contains("every worker holds"),
+        "one browser needs one worker: its sticky cookie works under the prefix\n{}",
+        valve.log()
+    );
+    for version in ["2", "3"] {
+        rewrite(&path, &shiny_app(version));
+        valve.signal(libc::SIGHUP);
+        let before = valve.log().matches("reloaded: the new version serves").count();
+        wait_until("the new generation to take over", Duration::from_secs(60), || {
+            valve.log().matches("reloaded: the new version serves").count() > before
+        });
+        writeln!(input, "step").unwrap();
+        let line = out.next().unwrap().unwrap();
+        assert!(line.contains("\"kept\":true"), "the session on the old generation still works: {line}");
+    }
+    assert!(first.iter().all(|p| crate::harness::pid_alive(*p)), "the session's worker serves on");
+    writeln!(input, "end").unwrap();
+    let line = out.next().unwrap().unwrap();
+    assert!(line.contains("\"fresh\":true"), "a new browser gets the app: {line}");
+    drop(input);
+    assert!(node.wait().unwrap().success());
+    // Its session closed: the old generations stop once quiet.
+    wait_until("the old generations to stop", Duration::from_secs(30), || {
+        !first.iter().any(|p| crate::harness::pid_alive(*p))
+    });
+}
