@@ -135,6 +135,9 @@ pub async fn run(
     let addr =
         listener.local_addr().map_err(|error| RunError::Bind { addr: config.server.host.clone(), error, hint: "" })?;
     let run_dir = worker::run_dir().map_err(RunError::RunDir)?;
+    // Orphans (forks of a preload parent that died) are valve's to reap, for as
+    // long as valve runs workers.
+    let _reaper = tokio_util::task::AbortOnDropHandle::new(worker::reap::start());
     let fleet = Fleet::new(config.server.max_workers);
     let mut mounted = Vec::new();
     for app in &config.apps {
