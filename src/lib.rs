@@ -140,6 +140,9 @@ pub async fn run(
     let addr =
         listener.local_addr().map_err(|error| RunError::Bind { addr: config.server.host.clone(), error, hint: "" })?;
     let run_dir = worker::run_dir().map_err(RunError::RunDir)?;
+    // Orphans (forks of a preload parent that died) are valve's to reap, for as
+    // long as valve runs workers.
+    let _reaper = tokio_util::task::AbortOnDropHandle::new(worker::reap::start());
     let fleet = Fleet::new(config.server.max_workers);
     let router = Arc::new(Router::default());
     let apps = Apps::new(router.clone(), fleet.clone(), registry.clone(), run_dir.clone(), &config, addr.port());

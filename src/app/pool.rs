@@ -333,6 +333,17 @@ impl<W> Pool<W> {
         self.slots.values().filter(|s| s.state.answering()).count()
     }
 
+    /// Whether a request sent now will be served: a worker answers, or one is
+    /// on its way without a crash loop (starting, or owed to `n_min` or the
+    /// queue and waiting only for one of the `freeing` stopping workers, of
+    /// any app, to leave its place in the budget: a recycled worker whose
+    /// replacement starts when it has exited), or the app scales from zero.
+    pub fn can_serve(&self, now: Instant, freeing: usize) -> bool {
+        self.answering() > 0
+            || self.limits.n_min == 0
+            || (!self.crash_looping(now) && (self.count(State::Starting) > 0 || (self.wants() > 0 && freeing > 0)))
+    }
+
     /// Open Shiny sessions across the pool.
     pub fn sessions(&self) -> usize {
         self.slots.values().map(|s| s.sessions).sum()
@@ -870,6 +881,17 @@ mod tests {
         assert!(matches!(p.release(id, now, Done::Completed, ALL), Release::Retire(Retire::Requests)));
         assert_eq!(p.checkout(), None, "a retiring worker takes no more requests");
         assert_eq!(p.wants(), 1, "a replacement keeps n_min");
+        // The budget (n_max 1) counts the stopping worker until it has exited:
+        // the replacement waits for its place, and requests wait with it.
+        assert_eq!(p.grow(now, 0).ids, Vec::<WorkerId>::new());
+        assert!(p.can_serve(now, 1), "a replacement is on its way: still serving");
+        assert!(!p.can_serve(now, 0), "nothing answers and nothing frees a place");
+        p.exited(id, now);
+        let next = grow(&mut p, now);
+        assert_eq!(next.len(), 1);
+        assert!(p.can_serve(now, 0), "the replacement is starting");
+        ready_all(&mut p, &next, now);
+        assert!(p.can_serve(now, 0));
     }
 
     #[test]

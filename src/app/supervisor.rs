@@ -306,19 +306,14 @@ impl Supervisor {
         self.with(|app| gauges(&app.pool)).unwrap_or_default()
     }
 
-    /// Whether the app can serve: it reached `n_min` once and a worker answers,
-    /// or one is on its way without a crash loop, or it scales from zero.
+    /// Whether the app can serve: it reached `n_min` once and a request sent
+    /// now will be served (a worker answers, or one is on its way: see
+    /// `Pool::can_serve`). A worker recycled or replaced keeps the app ready.
     pub fn ready(&self) -> bool {
         let now = now();
-        self.with(|app| {
-            let p = &app.pool;
-            app.started
-                && !app.closing
-                && (p.answering() > 0
-                    || p.limits().n_min == 0
-                    || (p.count(State::Starting) > 0 && !p.crash_looping(now)))
-        })
-        .unwrap_or(false)
+        let f = self.fleet.lock();
+        let freeing = f.apps.values().map(|a| a.pool.count(State::Stopping)).sum();
+        f.apps.get(&self.key).is_some_and(|app| app.started && !app.closing && app.pool.can_serve(now, freeing))
     }
 
     /// Every worker of the app, from what is known: no lock is held while

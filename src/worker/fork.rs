@@ -233,7 +233,7 @@ async fn start_parent(spec: &Spec, spawner: &Spawner) -> Result<Parent, StartErr
     cmd.env("VALVE_PID", std::process::id().to_string())
         .env("VALVE_START_TIME", own_start_time().unwrap_or_default())
         .stdin(Stdio::piped());
-    let mut child = spawner.spawn(&spec.r_bin, cmd).await?;
+    let (mut child, own) = spawner.spawn(&spec.r_bin, cmd).await?;
     let pid = child.id().ok_or_else(|| io::Error::other("the preload parent exited at once"))?;
     let stdin = child.stdin.take().ok_or_else(|| io::Error::other("no stdin for the preload parent"))?;
     let tail = Arc::new(Tail::default());
@@ -241,6 +241,7 @@ async fn start_parent(spec: &Spec, spawner: &Spawner) -> Result<Parent, StartErr
     let (tx, gone) = watch::channel(None);
     tokio::spawn(async move {
         let status = child.wait().await;
+        drop(own);
         tokio::time::sleep(Duration::from_millis(50)).await;
         let (status, code) = match status {
             Ok(s) => (Exit::from_status(s).describe(), s.code()),

@@ -14,6 +14,7 @@
 mod conn;
 mod fork;
 mod output;
+pub mod reap;
 
 use std::future::Future;
 use std::io;
@@ -258,28 +259,33 @@ impl Spec {
     }
 }
 
+/// A command for the spawner thread, and where to send the child.
+type SpawnJob = (Command, oneshot::Sender<io::Result<(Child, reap::Own)>>);
+
 /// Starts processes from one long-lived thread. Linux delivers the parent-death
 /// signal when the *thread* that forked a child exits, so children must not be
 /// forked from threads that come and go (tokio's blocking pool).
 #[derive(Clone, Debug)]
 struct Spawner {
-    jobs: std::sync::mpsc::Sender<(Command, oneshot::Sender<io::Result<Child>>)>,
+    jobs: std::sync::mpsc::Sender<SpawnJob>,
 }
 
 impl Spawner {
     fn new() -> io::Result<Self> {
         let handle = tokio::runtime::Handle::current();
-        let (jobs, rx) = std::sync::mpsc::channel::<(Command, oneshot::Sender<io::Result<Child>>)>();
+        let (jobs, rx) = std::sync::mpsc::channel::<SpawnJob>();
         std::thread::Builder::new().name("valve-spawner".into()).spawn(move || {
             let _runtime = handle.enter();
             for (mut cmd, reply) in rx {
-                let _ = reply.send(cmd.spawn());
+                let _ = reply.send(reap::spawn(&mut cmd));
             }
         })?;
         Ok(Spawner { jobs })
     }
 
-    async fn spawn(&self, r_bin: &Path, cmd: Command) -> Result<Child, StartError> {
+    /// Spawns `cmd`; the child is valve's own (the reaper leaves it to tokio)
+    /// while the returned `Own` lives.
+    async fn spawn(&self, r_bin: &Path, cmd: Command) -> Result<(Child, reap::Own), StartError> {
         let (tx, rx) = oneshot::channel();
         let gone = || StartError::Io(io::Error::other("spawner thread is gone"));
         self.jobs.send((cmd, tx)).map_err(|_| gone())?;
@@ -321,12 +327,12 @@ impl Launch for RLauncher {
                 None => {
                     let mut cmd = self.spec.command("plain");
                     cmd.env("VALVE_SOCKET", &socket).env("VALVE_WORKER_ID", id.to_string()).stdin(Stdio::null());
-                    let mut child = self.spawner.spawn(&self.spec.r_bin, cmd).await?;
+                    let (mut child, own) = self.spawner.spawn(&self.spec.r_bin, cmd).await?;
                     let pid = child.id().ok_or_else(|| io::Error::other("worker exited at once"))?;
                     let tail = Arc::new(Tail::default());
                     output::forward(&mut child, id, tail.clone());
                     tracing::debug!(worker = id, pid, "worker launched");
-                    Box::new(Plain::new(child, pid, tail)?)
+                    Box::new(Plain::new(child, own, pid, tail)?)
                 }
             };
             Ok(Launched { process, connector })
@@ -345,6 +351,7 @@ impl Launch for RLauncher {
 /// A plain worker: valve's own child, leader of its own process group.
 struct Plain {
     child: Child,
+    _own: reap::Own,
     pid: u32,
     pidfd: AsyncFd<OwnedFd>,
     tail: Arc<Tail>,
@@ -352,8 +359,8 @@ struct Plain {
 }
 
 impl Plain {
-    fn new(child: Child, pid: u32, tail: Arc<Tail>) -> io::Result<Self> {
-        Ok(Plain { pidfd: pidfd_open(pid)?, child, pid, tail, exit: None })
+    fn new(child: Child, own: reap::Own, pid: u32, tail: Arc<Tail>) -> io::Result<Self> {
+        Ok(Plain { pidfd: pidfd_open(pid)?, child, _own: own, pid, tail, exit: None })
     }
 }
 

@@ -305,3 +305,78 @@ async fn valves_pages_are_private_by_default_and_on_the_main_port_only_when_aske
     assert!(none.ready["admin_url"].is_null());
     assert_eq!(client().get(none.get("/__valve__/healthz")).send().await.unwrap().status(), 200);
 }
+
+/// Polls readyz every few milliseconds until told to stop; returns every
+/// answer that was not 200 (a status, or an error).
+fn watch_readiness(url: String) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<(usize, Vec<String>)>) {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let (mut polls, mut bad) = (0, Vec::new());
+        while stopped.try_recv().is_err() {
+            match client().get(&url).send().await {
+                Ok(r) if r.status() == 200 => {}
+                Ok(r) => bad.push(r.status().to_string()),
+                Err(e) => bad.push(e.to_string()),
+            }
+            polls += 1;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        (polls, bad)
+    });
+    (stop, task)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readiness_holds_while_the_only_worker_is_recycled_or_replaced() {
+    // One worker, recycled every 3 requests, then killed from outside: at every
+    // moment requests can be served (they wait for the replacement), so a load
+    // balancer must not take this valve out.
+    let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "-n", "1", "--max-requests", "3"]);
+    let (stop, watcher) = watch_readiness(valve.get("/__valve__/readyz"));
+    let mut pids = std::collections::BTreeSet::new();
+    for _ in 0..10 {
+        let r = client().get(valve.get("/pid")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        pids.insert(r.json::<serde_json::Value>().await.unwrap()["pid"][0].as_u64().unwrap());
+    }
+    assert!(pids.len() >= 3, "the worker was recycled every 3 requests: {pids:?}");
+    let victim = valve.workers();
+    assert_eq!(victim.len(), 1);
+    unsafe { libc::kill(victim[0] as i32, libc::SIGKILL) };
+    wait_until("a replacement worker", Duration::from_secs(30), || {
+        let now = valve.workers();
+        now.len() == 1 && now != victim
+    });
+    let r = client().get(valve.get("/pid")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "the replacement serves");
+    let _ = stop.send(());
+    let (polls, bad) = watcher.await.unwrap();
+    assert!(polls > 50, "readyz was polled often ({polls} times)");
+    assert!(bad.is_empty(), "readyz said not ready {} times of {polls}: {bad:?}", bad.len());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn answers_sent_while_draining_close_their_connection() {
+    // A request in flight at SIGTERM, answered after the drain delay, in the drain itself.
+    let mut valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "-n", "2", "--drain-delay", "1"]);
+    let keep_alive = client();
+    let before = keep_alive.get(valve.get("/pid")).send().await.unwrap();
+    assert_eq!(before.status(), 200);
+    assert!(before.headers().get("connection").is_none_or(|v| v != "close"), "keep-alive before the stop");
+    let slow = tokio::spawn({
+        let url = valve.get("/sleep?zzz=2.5");
+        let c = keep_alive.clone();
+        async move {
+            let r = c.get(url).send().await.unwrap();
+            (r.status(), r.headers().get("connection").map(|v| v.to_str().unwrap().to_string()))
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let signalled = std::time::Instant::now();
+    valve.signal(libc::SIGTERM);
+    let (status, connection) = slow.await.unwrap();
+    assert!(signalled.elapsed() > Duration::from_secs(1), "answered after the delay, while draining");
+    assert_eq!(status, 200, "the request in flight completes");
+    assert_eq!(connection.as_deref(), Some("close"), "its answer closes the connection");
+    assert_eq!(valve.wait_exit(Duration::from_secs(10)).code(), Some(0));
+}

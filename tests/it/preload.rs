@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use crate::harness::{client, fixture, pid_alive, wait_until, Valve};
+use crate::harness::{children, client, fixture, pid_alive, wait_until, Valve};
 
 fn preload_api() -> String {
     fixture("preload.R").to_str().unwrap().to_string()
@@ -98,4 +98,59 @@ async fn no_fork_outlives_valve_even_after_sigkill() {
     valve.signal(libc::SIGTERM);
     assert_eq!(valve.wait_exit(Duration::from_secs(10)).code(), Some(0));
     wait_until("everything stopped on SIGTERM", Duration::from_secs(5), || all.iter().all(|p| !pid_alive(*p)));
+}
+
+/// A process's state letter and parent pid, from /proc (None once it is reaped).
+fn state_and_parent(pid: u32) -> Option<(String, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = stat.rsplit(')').next()?.split_whitespace();
+    Some((fields.next()?.to_string(), fields.next()?.parse().ok()?))
+}
+
+/// valve's children that are zombies: exited, never reaped.
+fn zombie_children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+        let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(list.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+    }
+    out.retain(|p| state_and_parent(*p).is_some_and(|(state, _)| state == "Z"));
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forks_of_a_dead_parent_become_valves_and_are_reaped_never_zombies() {
+    let mut valve = Valve::start(&["-f", &preload_api(), "--preload", "-n", "3", "--n-min", "2"]);
+    let parent = valve.preload_parent().unwrap();
+    let forks = children(parent);
+    assert_eq!(forks.len(), 2, "two forks of {parent}: {forks:?}");
+    unsafe { libc::kill(parent as i32, libc::SIGKILL) };
+    valve.wait_for_log("preload parent exited", Duration::from_secs(5));
+    assert!(
+        valve.log().contains("killed by signal 9"),
+        "the parent's own exit status still reaches valve: {}",
+        valve.log()
+    );
+    // valve is a child subreaper: the orphans are its children now, not init's.
+    wait_until("the orphaned forks to be valve's children", Duration::from_secs(5), || {
+        forks.iter().all(|f| state_and_parent(*f).is_some_and(|(_, ppid)| ppid == valve.pid()))
+    });
+
+    // One dies from outside: valve replaces it (with a new parent) and reaps it.
+    unsafe { libc::kill(forks[0] as i32, libc::SIGKILL) };
+    wait_until("the killed fork to be reaped", Duration::from_secs(10), || {
+        state_and_parent(forks[0]).is_none_or(|(state, ppid)| state != "Z" && ppid != valve.pid())
+    });
+    let answers = info_from_each(&valve, 2).await;
+    assert_eq!(answers.len(), 2);
+    assert!(zombie_children(valve.pid()).is_empty(), "zombies: {:?}", zombie_children(valve.pid()));
+
+    // The other ends through valve (SIGTERM at shutdown): reaped as well, and
+    // valve still exits 0.
+    let survivor = forks[1];
+    valve.signal(libc::SIGTERM);
+    wait_until("the orphaned fork to stop and be reaped", Duration::from_secs(10), || {
+        state_and_parent(survivor).is_none_or(|(state, ppid)| state != "Z" && ppid != valve.pid())
+    });
+    assert_eq!(valve.wait_exit(Duration::from_secs(10)).code(), Some(0));
 }
