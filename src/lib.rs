@@ -34,7 +34,7 @@ use tokio::net::TcpListener;
 use crate::admin::Admin;
 use crate::app::pool::Limits;
 use crate::app::{Fleet, Settings, Supervisor};
-use crate::config::{AppConfig, Config};
+use crate::config::{AppConfig, Config, Transport};
 use crate::http::forward::{Forwarder, MAX_HEAD_BYTES};
 use crate::http::router::{Mounted, Router, Table};
 use crate::http::server::{ClientLimits, Drained, Front};
@@ -55,6 +55,8 @@ pub enum RunError {
     Bind { addr: String, error: std::io::Error, hint: &'static str },
     #[error("cannot create the private run directory: {0} (check TMPDIR)")]
     RunDir(std::io::Error),
+    #[error("cannot listen on loopback for workers: {0} (or run with --worker-transport httpuv)")]
+    WorkerListener(std::io::Error),
     #[error("the app {app} ({path}) could not start: {error}")]
     Start { app: String, path: String, error: StartError },
 }
@@ -136,9 +138,16 @@ pub async fn run(
         listener.local_addr().map_err(|error| RunError::Bind { addr: config.server.host.clone(), error, hint: "" })?;
     let run_dir = worker::run_dir().map_err(RunError::RunDir)?;
     let fleet = Fleet::new(config.server.max_workers);
+    // One listener for every frames worker of this valve, if any app has them.
+    let frames = match config.server.worker_transport {
+        Transport::Frames if config.apps.iter().any(|a| !a.is_shiny()) => {
+            Some(worker::FrameHub::start().map_err(RunError::WorkerListener)?)
+        }
+        _ => None,
+    };
     let mut mounted = Vec::new();
     for app in &config.apps {
-        let spec = Spec::new(
+        let mut spec = Spec::new(
             run_dir.clone(),
             app.r_bin.clone(),
             app.source.clone(),
@@ -146,6 +155,9 @@ pub async fn run(
             config.server.host.clone(),
             addr.port(),
         );
+        if let Some(hub) = &frames {
+            spec = spec.over_frames(hub.clone());
+        }
         let launcher = RLauncher::new(spec, app.preload).map_err(RunError::RunDir)?;
         let sup = Supervisor::new(
             fleet.clone(),

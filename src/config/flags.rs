@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use super::{discover, parse_seconds, parse_size, AppConfig, AppSource, Config, ConfigError, Server};
+use super::{discover, parse_seconds, parse_size, AppConfig, AppSource, Config, ConfigError, Server, Transport};
 
 /// One port in front of a pool of R worker processes running a plumber API or a Shiny app.
 ///
@@ -115,6 +115,14 @@ pub struct Args {
     #[arg(long = "log-format", env = "VALVE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
 
+    /// How valve reaches plumber workers: `frames` (valve's own protocol: R gets each request
+    /// ready-made and runs no HTTP server, so it spends its time on the API) or `httpuv` (an httpuv
+    /// server in each worker on a private socket). Use httpuv for an API that needs what frames do
+    /// not carry: WebSockets (onWSOpen), httpuv's staticPaths, streaming, or httpuv's private
+    /// req$.bodyData. Shiny apps always use httpuv.
+    #[arg(long = "worker-transport", env = "VALVE_WORKER_TRANSPORT", default_value = "frames", value_parser = ["frames", "httpuv"])]
+    pub worker_transport: String,
+
     /// Shiny: most sessions one worker holds; a new worker starts when all are full.
     #[arg(long = "max-sessions", env = "VALVE_MAX_SESSIONS", default_value_t = 20, value_name = "N")]
     pub max_sessions: usize,
@@ -219,6 +227,10 @@ impl Args {
             access_log: !self.no_access_log,
             log_json: self.log_format == "json",
             max_workers: self.n_max,
+            worker_transport: match self.worker_transport.as_str() {
+                "httpuv" => Transport::Httpuv,
+                _ => Transport::Frames,
+            },
         };
         Ok(Config { server, apps: vec![app] })
     }
