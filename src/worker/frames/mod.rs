@@ -786,3 +786,5 @@ impl Body for FrameBody {
     }
 }
 
+#[cfg(test)]
+mod tests;
