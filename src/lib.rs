@@ -36,7 +36,7 @@ use tokio::net::TcpListener;
 use crate::admin::Admin;
 use crate::app::pool::Limits;
 use crate::app::{Fleet, Settings};
-use crate::config::{AppConfig, Config, Source};
+use crate::config::{AppConfig, Config, Source, Transport};
 use crate::http::forward::{Forwarder, MAX_HEAD_BYTES};
 use crate::http::router::Router;
 use crate::http::server::{ClientLimits, Drained, Front};
@@ -58,6 +58,8 @@ pub enum RunError {
     Bind { addr: String, error: std::io::Error, hint: &'static str },
     #[error("cannot create the private run directory: {0} (check TMPDIR)")]
     RunDir(std::io::Error),
+    #[error("cannot listen on loopback for workers: {0} (or run with --worker-transport httpuv)")]
+    WorkerListener(std::io::Error),
     #[error("the app {app} ({path}) could not start: {error}")]
     Start { app: String, path: String, error: StartError },
 }
@@ -144,8 +146,14 @@ pub async fn run(
     // long as valve runs workers.
     let _reaper = tokio_util::task::AbortOnDropHandle::new(worker::reap::start());
     let fleet = Fleet::new(config.server.max_workers);
+    // One listener for every frames worker of this valve (plumber apps, now or after a reload).
+    let frames = match config.server.worker_transport {
+        Transport::Frames => Some(worker::FrameHub::start().map_err(RunError::WorkerListener)?),
+        Transport::Httpuv => None,
+    };
     let router = Arc::new(Router::default());
-    let apps = Apps::new(router.clone(), fleet.clone(), registry.clone(), run_dir.clone(), &config, addr.port());
+    let apps =
+        Apps::new(router.clone(), fleet.clone(), registry.clone(), run_dir.clone(), frames, &config, addr.port());
     let reloader = Reloader::new(apps.clone(), source.clone(), config.clone());
     let admin = Admin::new(router.clone(), fleet.clone(), registry.clone(), &config, shutdown.signalled.clone());
     admin.set_reloader(reloader.clone());

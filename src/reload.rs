@@ -30,7 +30,7 @@ use crate::app::{Fleet, Supervisor};
 use crate::config::{AppConfig, AppSource, Config, LoadError, Source};
 use crate::http::router::{Mounted, Router, Table};
 use crate::metrics::Registry;
-use crate::worker::{RLauncher, Spec, StartError};
+use crate::worker::{FrameHub, RLauncher, Spec, StartError};
 use crate::{settings, RunError};
 
 /// How long the previous generation of a changed app keeps the Shiny
@@ -55,6 +55,8 @@ pub struct Apps {
     fleet: Arc<Fleet>,
     registry: Arc<Registry>,
     run_dir: Arc<tempfile::TempDir>,
+    /// valve's own worker protocol's listener (plumber apps), unless `--worker-transport httpuv`.
+    frames: Option<Arc<FrameHub>>,
     /// Where valve listens (workers are told, for the URLs apps build).
     host: String,
     port: u16,
@@ -97,6 +99,7 @@ impl Apps {
         fleet: Arc<Fleet>,
         registry: Arc<Registry>,
         run_dir: Arc<tempfile::TempDir>,
+        frames: Option<Arc<FrameHub>>,
         config: &Config,
         port: u16,
     ) -> Arc<Apps> {
@@ -105,6 +108,7 @@ impl Apps {
             fleet,
             registry,
             run_dir,
+            frames,
             host: config.server.host.clone(),
             port,
             state: Mutex::new(State {
@@ -122,7 +126,7 @@ impl Apps {
     }
 
     fn generation(&self, app: &AppConfig, check_unused: Duration) -> Result<Arc<Supervisor>, RunError> {
-        let spec = Spec::new(
+        let mut spec = Spec::new(
             self.run_dir.clone(),
             app.r_bin.clone(),
             app.source.clone(),
@@ -130,6 +134,9 @@ impl Apps {
             self.host.clone(),
             self.port,
         );
+        if let Some(hub) = &self.frames {
+            spec = spec.over_frames(hub.clone());
+        }
         let launcher = RLauncher::new(spec, app.preload).map_err(RunError::RunDir)?;
         Ok(Supervisor::new(
             self.fleet.clone(),
@@ -395,6 +402,7 @@ impl Reloader {
             ("workers", old.threads != new.threads),
             ("admin_addr", old.admin_addr != new.admin_addr),
             ("log_format", old.log_json != new.log_json),
+            ("worker_transport", old.worker_transport != new.worker_transport),
         ] {
             if changed {
                 tracing::warn!(

@@ -338,9 +338,9 @@ def http_get_status(port: int, path: str = "/echo?msg=ready", timeout: float = 2
         return None
 
 
-def wait_http_ok(p: Proc, port: int, deadline_s: float = 60.0) -> None:
+def wait_http_ok(p: Proc, port: int, deadline_s: float = 60.0, path: str = "/echo?msg=ready") -> None:
     wait_until(f"{p.name} to answer on 127.0.0.1:{port}",
-               lambda: http_get_status(port) == 200, deadline_s, [p], interval=0.1)
+               lambda: http_get_status(port, path) == 200, deadline_s, [p], interval=0.1)
 
 
 def start_plumber(procs: Procs, name: str, api: Path = EXAMPLE_API) -> Proc:
@@ -392,7 +392,8 @@ def start_valve(procs: Procs, valve_bin: Path, name: str, n_max: int, n_min: int
     # valve's own pages: on the admin listener when it has one, else the main port.
     admin = p.ready.get("admin_url")
     p.admin_port = int(admin.rsplit(":", 1)[1]) if admin else p.port
-    wait_http_ok(p, p.port, 30)
+    # Any app (a Shiny app has no /echo): valve's readiness, on the main port.
+    wait_http_ok(p, p.port, 30, "/__valve__/readyz")
     return p
 
 

@@ -1,5 +1,5 @@
 """valve's side of the frame protocol (PROTOCOL.md), in Python, for measuring
-and testing bench/r-loop/loop.R. It is a model of what the Rust side does:
+and testing src/worker/loop.R. It is a model of what the Rust side does:
 listen on loopback, accept a worker's connection, check its hello, send request
 frames, read answer frames, and turn an answer into the HTTP/1.1 bytes httpuv
 1.6.9 would have written.
@@ -21,7 +21,7 @@ from email.utils import formatdate
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-LOOP_R = HERE / "loop.R"
+LOOP_R = HERE.parent.parent / "src" / "worker" / "loop.R"  # embedded in valve; measured here
 
 # Frame types (byte 0 of the 16-byte frame header).
 REQUEST, PING = ord("Q"), ord("P")

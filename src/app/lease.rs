@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::pool::{Retire, WorkerId};
-use crate::worker::{Conn, Connect, Exit};
+use crate::worker::{AnswerBody, Conn, Connect, Exit, SendError};
 
 /// How a lease's worker comes back.
 pub enum Returned {
@@ -100,10 +100,10 @@ impl Lease {
     pub async fn send(
         &mut self,
         req: http::Request<crate::worker::WireBody>,
-    ) -> Result<http::Response<hyper::body::Incoming>, String> {
-        let conn = self.conn.as_mut().ok_or_else(|| "not connected".to_string())?;
+    ) -> Result<http::Response<AnswerBody>, SendError> {
+        let conn = self.conn.as_mut().ok_or_else(|| SendError::Lost(std::io::Error::other("not connected")))?;
         self.stage = Stage::Sent;
-        conn.send(req).await.map_err(|e| e.to_string())
+        conn.send(req).await
     }
 
     /// The answer is complete; `reusable` if the connection can serve again.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::pool::WorkerId;
-use crate::worker::{Conn, Connect, Exit, WireBody};
+use crate::worker::{AnswerBody, Conn, Connect, Exit, SendError, WireBody};
 
 /// The worker a Shiny request goes to, and the connection it goes on.
 pub struct Sticky {
@@ -55,13 +55,10 @@ impl Sticky {
         self.refused
     }
 
-    pub async fn send(
-        &mut self,
-        req: http::Request<WireBody>,
-    ) -> Result<http::Response<hyper::body::Incoming>, String> {
-        let conn = self.conn.as_mut().ok_or_else(|| "not connected".to_string())?;
-        conn.ready().await.map_err(|e| e.to_string())?;
-        conn.send(req).await.map_err(|e| e.to_string())
+    pub async fn send(&mut self, req: http::Request<WireBody>) -> Result<http::Response<AnswerBody>, SendError> {
+        let conn = self.conn.as_mut().ok_or_else(|| SendError::Lost(std::io::Error::other("not connected")))?;
+        conn.ready().await?;
+        conn.send(req).await
     }
 
     /// How the worker ended, if it has within `wait`.

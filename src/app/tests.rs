@@ -43,7 +43,7 @@ fn app(s: Settings) -> (Arc<Supervisor>, Arc<FakeLauncher>) {
 async fn call(lease: &mut Lease, path: &str) -> Result<String, String> {
     lease.connect().await.map_err(|e| e.to_string())?;
     let req = http::Request::get(path).body(Empty::new().map_err(|never| match never {}).boxed()).unwrap();
-    let resp = lease.send(req).await?;
+    let resp = lease.send(req).await.map_err(|e| e.to_string())?;
     let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
     lease.answered(true);
     Ok(String::from_utf8_lossy(&body).into_owned())

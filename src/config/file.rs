@@ -53,6 +53,7 @@ const SERVER_KEYS: &[&str] = &[
     "admin_on_main",
     "no_access_log",
     "log_format",
+    "worker_transport",
 ];
 
 /// One problem, where it is.
@@ -256,6 +257,11 @@ impl<'a> Cx<'a> {
         let max_workers = self.count("max_workers", None, default_max as u64, 1, 100_000)? as usize;
         let admin_addr = self.string("admin_addr", None, &a.admin_addr)?;
         let log_format = self.string("log_format", None, &a.log_format)?;
+        let transport = self.string("worker_transport", None, &a.worker_transport)?;
+        if !matches!(transport.as_str(), "frames" | "httpuv") {
+            let v = self.pick("worker_transport", None).map(|v| v.span()).unwrap_or(0..0);
+            self.at(v, format!("worker_transport = {transport:?}: use \"frames\" or \"httpuv\""));
+        }
         if !matches!(log_format.as_str(), "text" | "json") {
             let v = self.pick("log_format", None).map(|v| v.span()).unwrap_or(0..0);
             self.at(v, format!("log_format = {log_format:?}: use \"text\" or \"json\""));
@@ -273,6 +279,7 @@ impl<'a> Cx<'a> {
             access_log: !self.boolean("no_access_log", None, a.no_access_log)?,
             log_json: log_format == "json",
             max_workers,
+            worker_transport: super::flags::transport(&transport),
         })
     }
 

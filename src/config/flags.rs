@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 
-use super::{discover, file, parse_seconds, parse_size, AppConfig, AppSource, Config, ConfigError, Server, Source};
+use super::{
+    discover, file, parse_seconds, parse_size, AppConfig, AppSource, Config, ConfigError, Server, Source, Transport,
+};
 
 /// One port in front of a pool of R worker processes running a plumber API or a Shiny app.
 ///
@@ -138,6 +140,14 @@ pub struct Args {
     /// Log format: text for people, json for log collectors.
     #[arg(long = "log-format", env = "VALVE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
+
+    /// How valve reaches plumber workers: `frames` (valve's own protocol: R gets each request
+    /// ready-made and runs no HTTP server, so it spends its time on the API) or `httpuv` (an httpuv
+    /// server in each worker on a private socket). Use httpuv for an API that needs what frames do
+    /// not carry: WebSockets (onWSOpen), httpuv's staticPaths, streaming, or httpuv's private
+    /// req$.bodyData. Shiny apps always use httpuv.
+    #[arg(long = "worker-transport", env = "VALVE_WORKER_TRANSPORT", default_value = "frames", value_parser = ["frames", "httpuv"])]
+    pub worker_transport: String,
 
     /// Shiny: most sessions one worker holds; a new worker starts when all are full.
     #[arg(long = "max-sessions", env = "VALVE_MAX_SESSIONS", default_value_t = 20, value_name = "N")]
@@ -312,7 +322,16 @@ impl Args {
             access_log: !self.no_access_log,
             log_json: self.log_format == "json",
             max_workers,
+            worker_transport: transport(&self.worker_transport),
         })
+    }
+}
+
+/// `--worker-transport`: clap allows only `frames` and `httpuv`.
+pub(super) fn transport(value: &str) -> Transport {
+    match value {
+        "httpuv" => Transport::Httpuv,
+        _ => Transport::Frames,
     }
 }
 

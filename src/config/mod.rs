@@ -95,6 +95,18 @@ pub struct Server {
     pub log_json: bool,
     /// The most R workers across every app.
     pub max_workers: usize,
+    /// How plumber workers are reached (Shiny workers always use httpuv).
+    pub worker_transport: Transport,
+}
+
+/// How valve reaches a plumber worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// valve's own protocol: one frame per request on a loopback connection
+    /// the worker opened; no HTTP server in the worker.
+    Frames,
+    /// An httpuv server on the worker's private Unix socket.
+    Httpuv,
 }
 
 /// One app: what it is, where it is mounted, and its pool's rules.

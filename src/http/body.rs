@@ -6,8 +6,9 @@
 //!
 //! A body lives in memory up to `MEMORY_UP_TO` bytes, and in memory at all only
 //! while every body held in memory together stays under `MEMORY_BUDGET`;
-//! beyond either it is spooled to an unnamed file in valve's private run
-//! directory (gone as soon as nobody holds it).
+//! beyond either it is spooled to a file in valve's private run directory
+//! (deleted as soon as nobody holds it; named, so that a frames worker can
+//! open a request body there instead of receiving its bytes).
 
 use std::future::Future;
 use std::io::{self, Write};
@@ -71,7 +72,11 @@ enum Store {
         bytes: Bytes,
         _held: Arc<Held>,
     },
-    File(Arc<std::fs::File>),
+    File {
+        file: Arc<std::fs::File>,
+        /// Deletes the file when the last clone drops.
+        path: Arc<tempfile::TempPath>,
+    },
 }
 
 /// Why a body could not be read whole.
@@ -102,7 +107,18 @@ impl Payload {
 
     /// Whether it was spooled to disk.
     pub fn spooled(&self) -> bool {
-        matches!(self.store, Store::File(_))
+        matches!(self.store, Store::File { .. })
+    }
+
+    /// A spooled body's file, for a frames worker to read (kept until the
+    /// returned value is dropped).
+    pub fn spooled_file(&self) -> Option<crate::worker::Spooled> {
+        match &self.store {
+            Store::File { path, .. } => {
+                Some(crate::worker::Spooled { path: path.to_path_buf(), keep: path.clone() })
+            }
+            _ => None,
+        }
     }
 
     /// The body as a worker receives it.
@@ -110,7 +126,7 @@ impl Payload {
         match &self.store {
             Store::Empty => Empty::new().map_err(|never| match never {}).boxed(),
             Store::Memory { bytes, .. } => Full::new(bytes.clone()).map_err(|never| match never {}).boxed(),
-            Store::File(file) => FileBody::new(file.clone(), self.len).boxed(),
+            Store::File { file, .. } => FileBody::new(file.clone(), self.len).boxed(),
         }
     }
 
@@ -122,7 +138,8 @@ impl Payload {
             // The share of the memory budget goes when the answer is built;
             // hyper writes small answers out at once.
             Store::Memory { bytes, .. } => ReplyBody::Full(Full::new(bytes)),
-            Store::File(file) => ReplyBody::File(FileBody::new(file, self.len)),
+            // The name goes now; the open file lives until the answer is sent.
+            Store::File { file, .. } => ReplyBody::File(FileBody::new(file, self.len)),
         }
     }
 }
@@ -186,7 +203,10 @@ where
         }
     }
     Ok(match (file, held) {
-        (Some(w), _) => Payload { len, store: Store::File(Arc::new(w.finish().await?)) },
+        (Some(w), _) => {
+            let (file, path) = w.finish().await?;
+            Payload { len, store: Store::File { file: Arc::new(file), path: Arc::new(path) } }
+        }
         (None, Some(held)) => Payload { len, store: Store::Memory { bytes: memory.freeze(), _held: Arc::new(held) } },
         (None, None) => Payload::empty(),
     })
@@ -195,13 +215,14 @@ where
 /// Writes a spooled body in chunks, off the async threads.
 struct SpoolWriter {
     file: Option<std::fs::File>,
+    path: Option<tempfile::TempPath>,
     pending: BytesMut,
 }
 
 impl SpoolWriter {
     fn new(dir: &Path) -> Result<Self, ReadError> {
-        let file = tempfile::tempfile_in(dir).map_err(ReadError::Spool)?;
-        Ok(SpoolWriter { file: Some(file), pending: BytesMut::new() })
+        let (file, path) = tempfile::NamedTempFile::new_in(dir).map_err(ReadError::Spool)?.into_parts();
+        Ok(SpoolWriter { file: Some(file), path: Some(path), pending: BytesMut::new() })
     }
 
     async fn push(&mut self, data: Bytes) -> Result<(), ReadError> {
@@ -225,11 +246,12 @@ impl SpoolWriter {
         Ok(())
     }
 
-    async fn finish(mut self) -> Result<std::fs::File, ReadError> {
+    async fn finish(mut self) -> Result<(std::fs::File, tempfile::TempPath), ReadError> {
         if !self.pending.is_empty() {
             self.flush().await?;
         }
-        self.file.take().ok_or_else(|| ReadError::Spool(io::Error::other("spool file lost")))
+        let lost = || ReadError::Spool(io::Error::other("spool file lost"));
+        Ok((self.file.take().ok_or_else(lost)?, self.path.take().ok_or_else(lost)?))
     }
 }
 

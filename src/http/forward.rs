@@ -38,7 +38,7 @@ use super::reply::{error, redirect, ReplyBody};
 use super::router::Mounted;
 use crate::app::{Lease, Retire, Sticky, Supervisor, Unavailable, WorkerId};
 use crate::metrics::Rejection;
-use crate::worker::{Exit, WireBody};
+use crate::worker::{AnswerBody, ClientAddrs, Exit, SendError, WireBody};
 
 /// The methods plumber routes and httpuv parses; anything else is answered here.
 const METHODS: [Method; 7] =
@@ -114,14 +114,24 @@ struct Head {
     method: Method,
     uri: Uri,
     headers: HeaderMap,
+    /// The client's connection, for a frames worker's Rook environment.
+    addrs: Option<ClientAddrs>,
 }
 
 impl Head {
-    fn request(&self, body: WireBody) -> Request<WireBody> {
-        let mut req = Request::new(body);
+    fn request(&self, payload: &Payload) -> Request<WireBody> {
+        let mut req = Request::new(payload.wire());
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = self.uri.clone();
         *req.headers_mut() = self.headers.clone();
+        if let Some(addrs) = self.addrs {
+            req.extensions_mut().insert(addrs);
+        }
+        // A frames worker reads a spooled body from its file (an httpuv
+        // worker gets the bytes, as ever).
+        if let Some(spooled) = payload.spooled_file() {
+            req.extensions_mut().insert(spooled);
+        }
         req
     }
 }
@@ -130,12 +140,23 @@ impl Head {
 enum Fail {
     Timeout(Duration),
     Worker(String),
+    /// The worker broke valve's protocol: its stream is lost.
+    Garbage(String),
+}
+
+impl From<SendError> for Fail {
+    fn from(e: SendError) -> Fail {
+        match e {
+            SendError::Garbage(what) => Fail::Garbage(what),
+            e => Fail::Worker(e.to_string()),
+        }
+    }
 }
 
 /// A worker's answer: read whole (plumber) or streamed (Shiny).
 enum Answer {
     Whole(Payload),
-    Stream(Incoming),
+    Stream(AnswerBody),
 }
 
 /// The worker a request holds: a lease (plumber: one request at a time) or
@@ -168,7 +189,7 @@ impl Seat {
         }
     }
 
-    async fn send(&mut self, req: Request<WireBody>) -> Result<Response<Incoming>, String> {
+    async fn send(&mut self, req: Request<WireBody>) -> Result<Response<AnswerBody>, SendError> {
         match self {
             Seat::Lease(l) => l.send(req).await,
             Seat::Sticky(s) => s.send(req).await,
@@ -335,10 +356,10 @@ impl Forwarder {
                 sup.metrics.reject(Rejection::WorkerFailed);
                 return error(StatusCode::BAD_GATEWAY, "no R worker could be reached");
             }
-            let req = head.request(payload.wire());
+            let req = head.request(&payload);
             let spool = &self.spool;
             let exchange = async {
-                let resp = seat.send(req).await.map_err(Fail::Worker)?;
+                let resp = seat.send(req).await.map_err(Fail::from)?;
                 let (parts, body) = resp.into_parts();
                 // A plumber answer is read whole at the worker's speed, so the worker
                 // goes back before the client has read a byte; a Shiny answer streams.
@@ -368,6 +389,13 @@ impl Forwarder {
                             limit.as_secs_f64()
                         ),
                     );
+                }
+                Err(Fail::Garbage(e)) => {
+                    // Not retried: the worker answered, but nothing it said can be trusted.
+                    tracing::error!(app = %sup.settings.name, worker, error = %e, "worker sent an answer valve cannot read; replacing it");
+                    seat.failed(sup, Retire::Broken);
+                    sup.metrics.reject(Rejection::WorkerFailed);
+                    return error(StatusCode::BAD_GATEWAY, "the R worker sent an answer valve cannot read; it was replaced");
                 }
                 Err(Fail::Worker(e)) => {
                     let exit = seat.exit_within(EXIT_WAIT).await;
@@ -654,7 +682,8 @@ fn worker_head(
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
     }
-    Head { method: parts.method, uri, headers }
+    let addrs = parts.extensions.get::<ClientAddrs>().copied();
+    Head { method: parts.method, uri, headers, addrs }
 }
 
 #[cfg(test)]

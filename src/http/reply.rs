@@ -9,7 +9,7 @@ use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
-use hyper::body::Incoming;
+use crate::worker::AnswerBody;
 
 use super::body::FileBody;
 
@@ -20,7 +20,7 @@ pub enum ReplyBody {
     /// An answer valve holds in a spool file (read whole from a worker).
     File(FileBody),
     /// A Shiny worker's answer, streamed (a download may be long).
-    Stream(Incoming),
+    Stream(AnswerBody),
 }
 
 impl ReplyBody {

@@ -27,6 +27,7 @@ use super::reply::{error, redirect, ReplyBody};
 use super::router::{Routed, Router};
 use crate::admin::{is_admin_path, Admin};
 use crate::shutdown::Shutdown;
+use crate::worker::ClientAddrs;
 
 /// How the drain at shutdown ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,7 +168,14 @@ pub async fn run(
         };
         let _ = stream.set_nodelay(true);
         let front = front.clone();
-        let service = service_fn(move |req| front.clone().handle(req, peer));
+        // What a frames worker is told of the client's connection (Rook's SERVER_* and REMOTE_*).
+        let addrs = stream.local_addr().ok().map(|local| ClientAddrs { local, remote: peer });
+        let service = service_fn(move |mut req: Request<Incoming>| {
+            if let Some(addrs) = addrs {
+                req.extensions_mut().insert(addrs);
+            }
+            front.clone().handle(req, peer)
+        });
         let conn =
             http.serve_connection(TokioIo::new(ClientIo::new(stream, limits.client_timeout)), service).with_upgrades();
         let drain = shutdown.drain.clone();

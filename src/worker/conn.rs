@@ -1,11 +1,23 @@
-//! Connections to a worker: HTTP/1.1 over its private Unix socket, kept alive
-//! between requests (a Unix socket has no Nagle stall, so one connection per
-//! worker serves request after request).
+//! Connections to a worker, of two kinds behind one `Conn`:
+//! - HTTP/1.1 over the worker's private Unix socket (httpuv in the worker:
+//!   Shiny apps, and plumber APIs with `--worker-transport httpuv`), kept
+//!   alive between requests (a Unix socket has no Nagle stall);
+//! - a handle to the worker's one frames link (`frames.rs`: valve's own
+//!   protocol, plumber APIs by default).
+//!
+//! Either way the forwarder sends an `http::Request` and gets an
+//! `http::Response` back, so there is one forwarding loop for both.
 
+use std::any::Any;
 use std::io;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
@@ -13,18 +25,95 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::UnixStream;
 
+use super::frames::{FrameBody, Link};
 use super::BoxFuture;
 
 /// The request body as a worker receives it: already complete in valve's
 /// hands (memory or a spooled file), so a worker never waits for a client.
 pub type WireBody = BoxBody<Bytes, io::Error>;
 
-/// The path workers answer for probes; valve never forwards `/__valve__/` paths.
+/// The path httpuv workers answer for probes; valve never forwards `/__valve__/` paths.
 const PING_PATH: &str = "/__valve__/ping";
 
-/// One HTTP/1.1 connection to a worker.
+/// The client's connection, which a frames worker is told about (Rook's
+/// `SERVER_NAME`, `SERVER_PORT`, `REMOTE_ADDR`, `REMOTE_PORT`). Carried in
+/// the request's extensions.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddrs {
+    /// valve's address and port on the client's connection.
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+}
+
+/// A request body valve spooled to a named file in its private run directory:
+/// a frames worker reads the file instead of receiving the bytes. `keep`
+/// keeps the file until the worker has answered. Carried in the request's
+/// extensions.
+#[derive(Clone)]
+pub struct Spooled {
+    pub path: PathBuf,
+    pub keep: Arc<dyn Any + Send + Sync>,
+}
+
+/// Why a request to a worker got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("{0}")]
+    Http(#[from] hyper::Error),
+    #[error("the worker's connection broke: {0}")]
+    Lost(io::Error),
+    /// The worker sent what the protocol does not allow: it was replaced.
+    #[error("the worker broke valve's protocol: {0}")]
+    Garbage(String),
+}
+
+/// A worker's answer body: hyper's (httpuv workers) or a frames link's.
+pub enum AnswerBody {
+    Http(Incoming),
+    Frames(FrameBody),
+}
+
+impl AnswerBody {
+    pub fn empty() -> AnswerBody {
+        AnswerBody::Frames(FrameBody::empty())
+    }
+}
+
+impl Body for AnswerBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        // Both variants are Unpin.
+        match self.get_mut() {
+            AnswerBody::Http(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            AnswerBody::Frames(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            AnswerBody::Http(b) => b.is_end_stream(),
+            AnswerBody::Frames(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            AnswerBody::Http(b) => b.size_hint(),
+            AnswerBody::Frames(b) => b.size_hint(),
+        }
+    }
+}
+
+/// One connection to a worker.
 pub struct Conn {
-    sender: hyper::client::conn::http1::SendRequest<WireBody>,
+    kind: Kind,
+}
+
+enum Kind {
+    Http(hyper::client::conn::http1::SendRequest<WireBody>),
+    Frames(Link),
 }
 
 impl Conn {
@@ -40,31 +129,50 @@ impl Conn {
                 tracing::debug!(error = %e, "worker connection closed");
             }
         });
-        Ok(Conn { sender })
+        Ok(Conn { kind: Kind::Http(sender) })
+    }
+
+    pub(super) fn frames(link: Link) -> Conn {
+        Conn { kind: Kind::Frames(link) }
     }
 
     /// Waits until the connection can take a request; fails if it closed.
-    pub async fn ready(&mut self) -> Result<(), hyper::Error> {
-        self.sender.ready().await
+    pub async fn ready(&mut self) -> Result<(), SendError> {
+        match &mut self.kind {
+            Kind::Http(sender) => Ok(sender.ready().await?),
+            Kind::Frames(link) if link.alive() => Ok(()),
+            Kind::Frames(_) => Err(SendError::Lost(io::Error::other("the worker's connection to valve is gone"))),
+        }
     }
 
     pub fn is_closed(&self) -> bool {
-        self.sender.is_closed()
+        match &self.kind {
+            Kind::Http(sender) => sender.is_closed(),
+            Kind::Frames(link) => !link.alive(),
+        }
     }
 
-    pub async fn send(&mut self, req: http::Request<WireBody>) -> Result<http::Response<Incoming>, hyper::Error> {
-        self.sender.send_request(req).await
+    pub async fn send(&mut self, req: http::Request<WireBody>) -> Result<http::Response<AnswerBody>, SendError> {
+        match &mut self.kind {
+            Kind::Http(sender) => Ok(sender.send_request(req).await?.map(AnswerBody::Http)),
+            Kind::Frames(link) => link.send(req).await,
+        }
     }
 
-    /// Asks the worker's ping path and reads the whole answer. Any answer means
-    /// the worker serves; plumber workers (through the launcher) say their pid.
+    /// Asks whether the worker serves and reads the whole answer: the ping
+    /// path over HTTP, a P/O exchange over frames. Says the worker's pid when
+    /// it knows it (plumber workers say theirs).
     pub async fn ping(&mut self) -> io::Result<Option<u32>> {
+        let sender = match &mut self.kind {
+            Kind::Http(sender) => sender,
+            Kind::Frames(link) => return link.ping().await.map(Some),
+        };
         let req = http::Request::get(PING_PATH)
             .header(http::header::HOST, "valve")
             .body(Empty::new().map_err(|never| match never {}).boxed())
             .map_err(io::Error::other)?;
-        self.ready().await.map_err(io::Error::other)?;
-        let resp = self.send(req).await.map_err(io::Error::other)?;
+        sender.ready().await.map_err(io::Error::other)?;
+        let resp = sender.send_request(req).await.map_err(io::Error::other)?;
         let body = resp.into_body().collect().await.map_err(io::Error::other)?.to_bytes();
         Ok(std::str::from_utf8(&body).ok().and_then(|b| b.strip_prefix("valve-worker-ready ")?.trim().parse().ok()))
     }
@@ -73,7 +181,8 @@ impl Conn {
 /// Opens connections to one worker.
 pub trait Connect: Send + Sync {
     /// A fresh connection; `upgradable` for a WebSocket, whose connection is
-    /// handed over after the upgrade.
+    /// handed over after the upgrade. (A frames worker has one connection for
+    /// its life: this hands out another handle to it.)
     fn connect(&self, upgradable: bool) -> BoxFuture<'_, io::Result<Conn>>;
 
     /// A fresh connection that has answered a ping.
@@ -84,6 +193,10 @@ pub trait Connect: Send + Sync {
             Ok(conn)
         })
     }
+
+    /// The pid of the process that must answer (a frames worker's hello is
+    /// checked against it); told once the process is known.
+    fn expect_pid(&self, _pid: u32) {}
 }
 
 /// A worker's Unix socket.

@@ -8,7 +8,8 @@
 //!   `valve-fork-pid PID`, then everything the fork prints (it `sink()`s there),
 //!   so each fork's output is logged under its own id and pid; a fork that
 //!   ends through `quit()` says `valve-fork-exit CODE` last;
-//! - the fork's socket, where it answers the readiness probe like any worker.
+//! - the fork's socket (httpuv), or its connection to valve's worker listener
+//!   (frames), where it answers the readiness probe like any worker.
 //!
 //! A fork is not valve's child, so valve watches and signals it through a
 //! pidfd, which names that one process even if its pid is reused later. A fork
@@ -177,6 +178,9 @@ impl Process for Fork {
             tokio::time::timeout_at(deadline, self.learn_pid())
                 .await
                 .map_err(|_| StartError::Timeout(timeout, tail.lines()))??;
+            if let Some(pid) = self.pid {
+                connector.expect_pid(pid);
+            }
             let parent = self.parent.clone();
             tokio::select! {
                 ready = tokio::time::timeout_at(deadline, wait_answering(connector)) => {

@@ -2,12 +2,17 @@
 # its private run directory and starts `R --file=` on it.
 #
 # VALVE_APP_KIND: plumber-file, plumber-dir, plumber-rds (a saved router) or shiny.
-# VALVE_MODE=plain: load the API and serve it on VALVE_SOCKET.
+# VALVE_MODE=plain: load the API and serve it.
 # VALVE_MODE=preload: load the API once, then fork a worker for each line
 #   `fork ID SOCKET FIFO` valve writes on stdin; exit when stdin closes.
+# VALVE_TRANSPORT (plumber only; Shiny always uses httpuv):
+#   frames: the request loop in VALVE_LOOP (loop.R, next to this file) takes
+#     requests from valve over one loopback connection it opens to
+#     VALVE_FRAME_PORT, with VALVE_FRAME_TOKEN and VALVE_WORKER_ID in its hello;
+#   httpuv: httpuv's pipe server on the Unix socket VALVE_SOCKET.
 #
 # Each worker serves the API exactly as `library(plumber); pr_run(pr(file))`
-# would, but on a Unix socket (httpuv's pipe server) that only valve can reach.
+# would, but only valve can reach it.
 # Exit codes valve understands: 3 = a required R package is missing,
 # 4 = the API failed to load (R's message is on stderr).
 local({
@@ -35,6 +40,19 @@ local({
   on_worker_start <- function() {
     hook <- getOption("valve.on_worker_start")
     if (is.function(hook)) hook()
+  }
+
+  # valve's own protocol: loop.R's functions live in their own environment.
+  frames <- !shiny && identical(Sys.getenv("VALVE_TRANSPORT"), "frames")
+  if (frames) {
+    frames_env <- new.env()
+    sys.source(Sys.getenv("VALVE_LOOP"), envir = frames_env, keep.source = FALSE)
+  }
+  # Serves frames until valve closes the connection; warms up first unless
+  # this is a fork of a parent that did.
+  serve_frames <- function(app, id, warm_up) {
+    frames_env$valve_serve_frames(app, port = as.integer(Sys.getenv("VALVE_FRAME_PORT")),
+                                  token = Sys.getenv("VALVE_FRAME_TOKEN"), worker_id = id, warm_up = warm_up)
   }
 
   if (shiny) {
@@ -97,7 +115,11 @@ local({
 
   if (identical(mode, "plain")) {
     on_worker_start()
-    run_with(function(app) serve_on_socket(Sys.getenv("VALVE_SOCKET"), app))
+    if (frames) {
+      run_with(function(app) serve_frames(app, Sys.getenv("VALVE_WORKER_ID"), warm_up = TRUE))
+    } else {
+      run_with(function(app) serve_on_socket(Sys.getenv("VALVE_SOCKET"), app))
+    }
     quit(save = "no")
   }
 
@@ -154,11 +176,13 @@ local({
     }
     later::later(watchdog, 1)
     on_worker_start()
-    serve_on_socket(socket, app)
+    if (frames) serve_frames(app, id, warm_up = FALSE) else serve_on_socket(socket, app)
     exit_now(status = 0)
   }
 
   fork_on_demand <- function(app) {
+    # Warm up once, here: every fork starts warm and shares what it compiled.
+    if (frames) frames_env$valve_warm_up(app)
     commands <- file("stdin", open = "r")
     repeat {
       line <- readLines(commands, n = 1)

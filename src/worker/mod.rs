@@ -1,8 +1,11 @@
 //! One R process: how it is started, reached, watched and stopped. This is the
 //! only module that creates or signals processes.
 //!
-//! A worker serves its app on its own Unix socket inside valve's private 0700
-//! run directory. It is either a plain process (`R --file=launcher.R`, the
+//! A plumber worker is reached through valve's own protocol (`frames`: one
+//! loopback TCP connection the worker opens to valve's listener, one frame
+//! per request and per answer) unless `--worker-transport httpuv`; a Shiny
+//! worker (and a plumber one with httpuv) serves HTTP on its own Unix socket
+//! inside valve's private 0700 run directory. It is either a plain process (`R --file=launcher.R`, the
 //! leader of its own process group, with a parent-death signal so it dies with
 //! valve even when valve is SIGKILLed) or, with `--preload`, a fork of one
 //! parent R process that loaded the API once (see `fork.rs`).
@@ -13,6 +16,7 @@
 
 mod conn;
 mod fork;
+mod frames;
 mod output;
 pub mod reap;
 
@@ -33,7 +37,8 @@ use tokio::sync::oneshot;
 
 use crate::config::AppSource;
 
-pub use conn::{connect, probe, Conn, Connect, SocketConnector, WireBody};
+pub use conn::{connect, probe, AnswerBody, ClientAddrs, Conn, Connect, SendError, SocketConnector, Spooled, WireBody};
+pub use frames::FrameHub;
 pub use output::Tail;
 
 /// A worker's identity for its whole life; never reused within one valve run,
@@ -45,6 +50,8 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The R code each worker runs.
 const LAUNCHER: &str = include_str!("launcher.R");
+/// The frames request loop the launcher sources (bench/r-loop measured it).
+const LOOP: &str = include_str!("loop.R");
 
 /// How often a starting worker's socket is probed.
 const PROBE_EVERY: Duration = Duration::from_millis(2);
@@ -193,6 +200,8 @@ pub struct Spec {
     pub env: Vec<(String, String)>,
     run_dir: Arc<tempfile::TempDir>,
     launcher: PathBuf,
+    /// Set when plumber workers are reached over frames (else httpuv).
+    frames: Option<Arc<FrameHub>>,
 }
 
 /// valve's private run directory (mode 0700): launchers, worker sockets, FIFOs
@@ -200,6 +209,7 @@ pub struct Spec {
 pub fn run_dir() -> io::Result<Arc<tempfile::TempDir>> {
     let dir = tempfile::Builder::new().prefix("valve-").tempdir()?;
     std::fs::write(dir.path().join("launcher.R"), LAUNCHER)?;
+    std::fs::write(dir.path().join("loop.R"), LOOP)?;
     Ok(Arc::new(dir))
 }
 
@@ -213,7 +223,16 @@ impl Spec {
         public_port: u16,
     ) -> Self {
         let launcher = run_dir.path().join("launcher.R");
-        Spec { r_bin, app, public_host, public_port, env, run_dir, launcher }
+        Spec { r_bin, app, public_host, public_port, env, run_dir, launcher, frames: None }
+    }
+
+    /// Workers of this app are reached over frames through `hub` (plumber
+    /// APIs only: Shiny needs httpuv's WebSockets).
+    pub fn over_frames(mut self, hub: Arc<FrameHub>) -> Self {
+        if !self.app.is_shiny() {
+            self.frames = Some(hub);
+        }
+        self
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -234,10 +253,15 @@ impl Spec {
             .env("VALVE_APP_KIND", self.app.kind())
             .env("VALVE_PUBLIC_HOST", &self.public_host)
             .env("VALVE_PUBLIC_PORT", self.public_port.to_string())
+            .env("VALVE_LOOP", self.path("loop.R"))
+            .env("VALVE_TRANSPORT", if self.frames.is_some() { "frames" } else { "httpuv" })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
+        if let Some(hub) = &self.frames {
+            cmd.envs(hub.env());
+        }
         let parent = std::process::id();
         // SAFETY: only async-signal-safe calls (raw prctl, getppid and _exit
         // syscalls) between fork and exec.
@@ -321,7 +345,11 @@ impl Launch for RLauncher {
         Box::pin(async move {
             let socket = self.spec.socket_path(id);
             let _ = std::fs::remove_file(&socket);
-            let connector: Arc<dyn Connect> = Arc::new(SocketConnector::new(socket.clone()));
+            // A frames worker's hello is expected before the worker can say it.
+            let connector: Arc<dyn Connect> = match &self.spec.frames {
+                Some(hub) => Arc::new(hub.connector(id)),
+                None => Arc::new(SocketConnector::new(socket.clone())),
+            };
             let process: Box<dyn Process> = match &self.forks {
                 Some(forks) => Box::new(forks.fork(&self.spec, &self.spawner, id, socket).await?),
                 None => {
@@ -376,6 +404,7 @@ impl Process for Plain {
     ) -> BoxFuture<'a, Result<Conn, StartError>> {
         Box::pin(async move {
             let tail = self.tail.clone();
+            connector.expect_pid(self.pid);
             let answered = tokio::time::timeout(timeout, wait_answering(connector));
             tokio::select! {
                 ready = answered => ready.map_err(|_| StartError::Timeout(timeout, tail.lines())),

@@ -3,7 +3,7 @@
 
 use reqwest::{Method, StatusCode};
 
-use crate::harness::{client, fixture, plumber_example, Plumber, Valve};
+use crate::harness::{client, fixture, need_r_packages, plumber_example, Plumber, Valve};
 
 /// One request to send to both, and what to leave out of the comparison.
 struct Case {
@@ -15,10 +15,12 @@ struct Case {
     ignore_body: bool,
     /// Set-Cookie values that are encrypted with a random nonce: compare names only.
     random_cookie: bool,
+    /// A gzip answer: compare it decompressed (compressors and framing differ).
+    gunzip: bool,
 }
 
 fn get(path: &'static str) -> Case {
-    Case { method: Method::GET, path, headers: &[], body: None, ignore_body: false, random_cookie: false }
+    Case { method: Method::GET, path, headers: &[], body: None, ignore_body: false, random_cookie: false, gunzip: false }
 }
 
 fn post(path: &'static str, content_type: &'static str, body: &'static [u8]) -> Case {
@@ -26,7 +28,13 @@ fn post(path: &'static str, content_type: &'static str, body: &'static [u8]) -> 
         "json" => &[("content-type", "application/json")],
         _ => &[("content-type", "application/x-www-form-urlencoded")],
     };
-    Case { method: Method::POST, path, headers, body: Some(body), ignore_body: false, random_cookie: false }
+    Case { method: Method::POST, path, headers, body: Some(body), ignore_body: false, random_cookie: false, gunzip: false }
+}
+
+/// A POST with its own content type.
+fn post_as(path: &'static str, content_type: &'static str, body: &'static [u8]) -> Case {
+    let headers: &'static [(&'static str, &'static str)] = Box::leak(Box::new([("content-type", content_type)]));
+    Case { headers, ..post(path, "json", body) }
 }
 
 /// A summary of an answer that must match: status, headers but `date`, bytes.
@@ -53,7 +61,14 @@ async fn fetch(base: &str, case: &Case) -> (StatusCode, Vec<(String, String)>, S
             }
         }
     }
-    let body = resp.bytes().await.unwrap().to_vec();
+    let mut body = resp.bytes().await.unwrap().to_vec();
+    if case.gunzip {
+        headers.retain(|(k, _)| k != "content-length" && k != "transfer-encoding");
+        let mut plain = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&body[..]), &mut plain)
+            .unwrap_or_else(|e| panic!("{} {} from {base}: not gzip: {e}", case.method, case.path));
+        body = plain;
+    }
     if case.ignore_body {
         headers.retain(|(k, _)| k != "set-cookie" && k != "content-length");
         return (status, headers, String::new());
@@ -73,8 +88,15 @@ fn describe(body: &[u8]) -> String {
 }
 
 async fn compare(api: &std::path::Path, cases: &[Case]) {
+    compare_with(api, &[], cases).await;
+}
+
+/// Compares with valve started with `flags` besides `-f API`.
+async fn compare_with(api: &std::path::Path, flags: &[&str], cases: &[Case]) {
     let plumber = Plumber::start(api);
-    let valve = Valve::start(&["-f", api.to_str().unwrap()]);
+    let mut args = vec!["-f", api.to_str().unwrap()];
+    args.extend_from_slice(flags);
+    let valve = Valve::start(&args);
     for case in cases {
         let direct = fetch(&plumber.url, case).await;
         let proxied = fetch(&valve.url, case).await;
@@ -224,4 +246,107 @@ async fn root_redirects_to_docs_unless_the_api_has_its_own() {
     let welcome = Valve::start(&["-f", plumber_example("10-welcome").to_str().unwrap()]);
     let resp = client().get(welcome.get("/")).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK, "the API's own / route wins");
+}
+
+/// A body of `n` bytes of every value, for uploads.
+fn bytes(n: usize) -> &'static [u8] {
+    Box::leak((0..n).map(|i| (i * 7 % 251) as u8).collect::<Vec<u8>>().into_boxed_slice())
+}
+
+/// A multipart form with a text field and two files, as browsers send it.
+fn multipart() -> &'static [u8] {
+    let mut body = Vec::new();
+    body.extend_from_slice(b"--XyZ\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\nhello\r\n");
+    body.extend_from_slice(b"--XyZ\r\nContent-Disposition: form-data; name=\"data\"; filename=\"d.bin\"\r\n");
+    body.extend_from_slice(b"Content-Type: application/octet-stream\r\n\r\n");
+    body.extend_from_slice(bytes(5000));
+    body.extend_from_slice(b"\r\n--XyZ\r\nContent-Disposition: form-data; name=\"csv\"; filename=\"t.csv\"\r\n");
+    body.extend_from_slice(b"Content-Type: text/csv\r\n\r\na,b\n1,2\n\r\n--XyZ--\r\n");
+    Box::leak(body.into_boxed_slice())
+}
+
+/// Issue 14: what a worker without an HTTP server must still do as plumber
+/// does: async endpoints, static assets, uploads (inline and spooled to a
+/// file), image serializers, answers given as files, no-body answers, gzip.
+#[tokio::test(flavor = "multi_thread")]
+async fn async_static_uploads_and_images_answer_as_without_valve() {
+    need_r_packages(&["promises", "future", "digest"]);
+    compare(
+        &fixture("fidelity.R"),
+        &[
+            get("/async-later"),
+            get("/async-future"),
+            get("/async-error"),
+            get("/assets/hello.txt"),
+            get("/assets/page.html"),
+            get("/assets/data.bin"),
+            get("/assets/missing.txt"),
+            Case { method: Method::HEAD, ..get("/assets/hello.txt") },
+            post_as("/upload", "application/octet-stream", bytes(100)),
+            // Past 1 MiB valve spools the body; the worker reads it from the file.
+            post_as("/upload", "application/octet-stream", bytes(1_500_000)),
+            post_as("/upload", "text/plain", b"line one\nline two\nline three"),
+            post_as("/multipart", "multipart/form-data; boundary=XyZ", multipart()),
+            get("/plot.png"),
+            get("/plot.jpeg"),
+            get("/plot.svg"),
+            get("/file"),
+            get("/nobody"),
+            get("/cookies"),
+            get("/query?a=1&a=2&b=%20x%C3%A9"),
+            get("/query?"),
+            get("/utf8"),
+            Case { headers: &[("accept-encoding", "gzip, deflate")], gunzip: true, ..get("/query?a=zipped") },
+            Case { headers: &[("accept-encoding", "gzip")], gunzip: true, ..get("/assets/data.bin") },
+        ],
+    )
+    .await;
+    // plumber's own async example (its /async takes 5 s; its answers carry the time).
+    compare(
+        &plumber_example("13-promises"),
+        &[Case { ignore_body: true, ..get("/async") }, Case { ignore_body: true, ..get("/sync") }, get("/sync-bad")],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn later_runs_between_requests_and_plumbers_size_limit_holds() {
+    need_r_packages(&["promises", "future", "digest"]);
+    let valve = Valve::start(&["-f", fixture("fidelity.R").to_str().unwrap()]);
+    let c = client();
+    assert!(c.get(valve.get("/later-arm")).send().await.unwrap().status().is_success());
+    // The timer fires while the worker waits for its next request.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let text = c.get(valve.get("/later-check")).send().await.unwrap().text().await.unwrap();
+        if text.contains("true") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "a later() timer armed by a request never fired: {text}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // plumber.maxRequestSize (2 MB here): plumber's own 413, from onHeaders.
+    let resp = c.post(valve.get("/upload")).body(bytes(3_000_000)).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+/// The httpuv road stays for APIs that need it.
+#[tokio::test(flavor = "multi_thread")]
+async fn worker_transport_httpuv_still_answers_as_plumber() {
+    compare_with(
+        &fixture("api.R"),
+        &["--worker-transport", "httpuv"],
+        &[
+            get("/cookies"),
+            get("/bytes"),
+            get("/error"),
+            post("/form", "json", br#"{"name":"ada","n":21}"#),
+            Case { method: Method::HEAD, ..get("/bytes") },
+        ],
+    )
+    .await;
+    let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "--worker-transport", "httpuv"]);
+    let seen: serde_json::Value =
+        client().post(valve.get("/size")).body(vec![b'x'; 3 << 20]).send().await.unwrap().json().await.unwrap();
+    assert_eq!(seen["bytes"][0], 3 << 20);
 }

@@ -157,7 +157,7 @@ async fn a_worker_crash_is_retried_for_get_and_502_for_post() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crash_loop_backs_off_instead_of_spinning() {
     let valve = Valve::start(&["-f", fixture("crash_loop.R").to_str().unwrap()]);
-    valve.wait_for_log("delay_ms=1000", Duration::from_secs(30));
+    valve.wait_for_log("delay_ms=1000", Duration::from_secs(60));
     let log = valve.log();
     let waits: Vec<&str> = log.lines().filter(|l| l.contains("waiting before the next start")).collect();
     assert!(log.find("delay_ms=250").unwrap() < log.find("delay_ms=500").unwrap(), "{waits:?}");
