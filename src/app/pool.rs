@@ -103,6 +103,9 @@ pub struct Slot {
     /// Shiny sessions the worker holds (open WebSockets). A worker with
     /// sessions is never pruned.
     pub sessions: usize,
+    /// Shiny HTTP requests on their way through the worker now (R may be
+    /// busy with them: no liveness probe meanwhile).
+    pub in_flight: usize,
     /// Browsers sent to this worker whose WebSocket has not opened yet.
     pub pending: VecDeque<Pending>,
 }
@@ -136,6 +139,7 @@ impl Slot {
             over_memory: false,
             retired: None,
             sessions: 0,
+            in_flight: 0,
             pending: VecDeque::new(),
         }
     }
@@ -556,7 +560,11 @@ impl<W> Pool<W> {
         let mut due = Vec::new();
         for (id, slot) in self.slots.iter_mut() {
             // A Shiny worker with sessions proves itself by serving them.
-            if slot.state == State::Idle && slot.sessions == 0 && now.duration_since(slot.last_used) >= every {
+            if slot.state == State::Idle
+                && slot.sessions == 0
+                && slot.in_flight == 0
+                && now.duration_since(slot.last_used) >= every
+            {
                 slot.state = State::Probing;
                 due.push(*id);
             }
@@ -656,6 +664,7 @@ impl<W> Pool<W> {
             return None;
         }
         slot.served += 1;
+        slot.in_flight += 1;
         slot.last_used = now;
         if let Some(p) = slot.pending.iter_mut().find(|p| Some(p.token) == token) {
             p.at = now;
@@ -667,6 +676,15 @@ impl<W> Pool<W> {
             slot.retired = Some(Retire::Requests);
         }
         Some(spent)
+    }
+
+    /// A Shiny request counted by `touch` is done (answered, or its
+    /// WebSocket closed).
+    pub fn finished(&mut self, id: WorkerId, now: Instant) {
+        if let Some(slot) = self.slots.get_mut(&id) {
+            slot.in_flight = slot.in_flight.saturating_sub(1);
+            slot.last_used = now;
+        }
     }
 
     /// Takes every waiter out of the queue (at shutdown).
@@ -703,6 +721,19 @@ mod tests {
 
     fn grow(p: &mut Pool<u32>, now: Instant) -> Vec<WorkerId> {
         p.grow(now, usize::MAX).ids
+    }
+
+    #[test]
+    fn a_shiny_worker_busy_with_requests_is_not_probed() {
+        let (mut p, t0) = pool(1, 1);
+        let start = p.grow(t0, 10);
+        ready_all(&mut p, &start.ids, t0);
+        let id = start.ids[0];
+        assert_eq!(p.touch(id, t0, None), Some(false));
+        let later = t0 + Duration::from_secs(5);
+        assert!(p.due_for_probe(later, Duration::from_secs(1)).is_empty(), "R may be busy with that request");
+        p.finished(id, later);
+        assert!(p.due_for_probe(later + Duration::from_secs(1), Duration::from_secs(1)) == vec![id]);
     }
 
     #[test]

@@ -23,6 +23,16 @@ pub struct Sticky {
     pub exit: watch::Receiver<Option<Exit>>,
     conn: Option<Conn>,
     refused: bool,
+    /// Tells the pool the request is done (when the `Sticky` is dropped).
+    done: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl Drop for Sticky {
+    fn drop(&mut self) {
+        if let Some(done) = self.done.take() {
+            done();
+        }
+    }
 }
 
 impl Sticky {
@@ -32,8 +42,9 @@ impl Sticky {
         new: bool,
         token: u64,
         exit: watch::Receiver<Option<Exit>>,
+        done: Box<dyn FnOnce() + Send + Sync>,
     ) -> Self {
-        Sticky { worker, connector, new, token, exit, conn: None, refused: false }
+        Sticky { worker, connector, new, token, exit, conn: None, refused: false, done: Some(done) }
     }
 
     /// A fresh connection to the worker (`upgradable` for a WebSocket).

@@ -452,14 +452,14 @@ impl Supervisor {
                 let now = now();
                 if let Some((id, token)) = wanted {
                     if app.pool.touch(id, now, Some(token)).is_some() {
-                        if let Some(sticky) = sticky_for(app, id, false, token) {
+                        if let Some(sticky) = sticky_for(self, app, id, false, token) {
                             break Ok(sticky);
                         }
                     }
                 }
                 if let Some(id) = app.pool.pick_for_session(now, token) {
                     app.pool.touch(id, now, None);
-                    if let Some(sticky) = sticky_for(app, id, true, token) {
+                    if let Some(sticky) = sticky_for(self, app, id, true, token) {
                         break Ok(sticky);
                     }
                 }
@@ -1037,9 +1037,20 @@ fn gauges(pool: &Pool<Waiter>) -> Gauges {
     }
 }
 
-fn sticky_for(app: &AppState, id: WorkerId, new: bool, token: u64) -> Option<Sticky> {
-    let live = app.live.get(&id)?;
-    Some(Sticky::new(id, live.connector.clone(), new, token, live.exit.clone()))
+/// The sticky worker for a request `touch` has counted; if the worker is
+/// gone, the count is taken back.
+fn sticky_for(sup: &Arc<Supervisor>, app: &mut AppState, id: WorkerId, new: bool, token: u64) -> Option<Sticky> {
+    let Some(live) = app.live.get(&id) else {
+        app.pool.finished(id, now());
+        return None;
+    };
+    let home = Arc::downgrade(sup);
+    let done = Box::new(move || {
+        if let Some(sup) = home.upgrade() {
+            sup.with(|app| app.pool.finished(id, now()));
+        }
+    });
+    Some(Sticky::new(id, live.connector.clone(), new, token, live.exit.clone(), done))
 }
 
 fn spawn_starts(start: Option<(Arc<Supervisor>, Start)>) {
