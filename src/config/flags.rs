@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use super::{discover, parse_seconds, parse_size, AppConfig, AppSource, Config, ConfigError, Server};
+use super::{discover, parse_seconds, parse_size, AppConfig, Config, ConfigError, Server};
 
 /// One port in front of a pool of R worker processes running a plumber API or a Shiny app.
 ///
@@ -175,10 +175,7 @@ impl Args {
             return Err(ConfigError::ZeroSessions);
         }
         let request_timeout = parse_seconds("--request-timeout", &self.request_timeout, true)?;
-        let source = match discover::resolve(&self.file, "-f/--file")? {
-            AppSource::Shiny(p) if self.preload => return Err(ConfigError::PreloadShiny(p.display().to_string())),
-            source => source,
-        };
+        let source = discover::resolve(&self.file, "-f/--file")?;
         let app = AppConfig {
             name: source.default_name(),
             prefix: "/".to_string(),

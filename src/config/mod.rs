@@ -90,8 +90,6 @@ pub enum ConfigError {
     Unreadable { path: String, reason: String },
     #[error("folder {0} holds no entrypoint.R, plumber.R, server.R or app.R (pass the app file itself with -f)")]
     EmptyDir(String),
-    #[error("--preload runs plumber APIs only; {0} is a Shiny app (drop --preload)")]
-    PreloadShiny(String),
     #[error("--max-sessions must be at least 1")]
     ZeroSessions,
     #[error("--n-min {n_min} is above --n-max {n_max}: raise --n-max or lower --n-min")]
