@@ -119,6 +119,13 @@ pub struct Args {
     #[arg(long = "max-sessions", env = "VALVE_MAX_SESSIONS", default_value_t = 20, value_name = "N")]
     pub max_sessions: usize,
 
+    /// Shiny: a worker whose R ran (or waited to run) at least PERCENT% of the last quarter second
+    /// is busy; new sessions go to a worker that is not, or start another up to --n-max, before they
+    /// crowd a busy one (0: place by session count only).
+    #[arg(long = "busy-threshold", env = "VALVE_BUSY_THRESHOLD", default_value_t = 50,
+          value_parser = clap::value_parser!(u8).range(0..=100), value_name = "PERCENT")]
+    pub busy_threshold: u8,
+
     /// Seconds a client gets to send a request's headers before it is cut off.
     #[arg(long = "header-timeout", env = "VALVE_HEADER_TIMEOUT", default_value = "30", value_name = "SECONDS")]
     pub header_timeout: String,
@@ -195,6 +202,7 @@ impl Args {
                 .map(|v| parse_size("--max-worker-memory", v))
                 .transpose()?,
             max_sessions: self.max_sessions,
+            busy_threshold: f64::from(self.busy_threshold) / 100.0,
             r_bin: self.r_bin,
             start_timeout: parse_seconds("--start-timeout", &self.start_timeout, false)?,
             env: Vec::new(),
