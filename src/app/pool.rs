@@ -552,9 +552,11 @@ impl<W> Pool<W> {
     ///    a worker to finish its work (`cpu_sampled`). When workers with room are
     ///    only busy and nothing starts (the budget across apps is spent), it
     ///    waits for up to `BUSY_PATIENCE`;
-    /// 3. otherwise the worker with the fewest open sessions below
-    ///    `max_sessions`, one that is not busy first. Browsers on their way no
-    ///    longer hold places then, so page loads that never open a session (a
+    /// 3. otherwise a worker below `max_sessions` open sessions: one that is
+    ///    not busy first, then the one with the fewest sessions and browsers on
+    ///    their way (under load, browsers whose page waits on a busy R are
+    ///    spread, not stacked on one worker). Browsers on their way no longer
+    ///    hold places then, so page loads that never open a session (a
     ///    crawler, an attack) lock nobody out. `None` only when every worker
     ///    holds `max_sessions` open sessions.
     ///
@@ -581,7 +583,7 @@ impl<W> Pool<W> {
                 .slots
                 .iter()
                 .filter(|(_, s)| s.state == State::Idle && s.sessions < max)
-                .min_by_key(|(id, s)| (s.busy(now, threshold), s.sessions, s.load(now), **id))
+                .min_by_key(|(id, s)| (s.busy(now, threshold), s.load(now), s.sessions, **id))
                 .map(|(id, _)| *id)?,
         };
         let slot = self.slots.get_mut(&id)?;
@@ -1061,6 +1063,19 @@ mod tests {
             p.cpu_sampled(*w, t1, t1 - SAMPLE, 0.5);
         }
         assert_eq!(p.pick_for_session(t1, 7, Duration::ZERO), Some(ids[2]), "not a worker holding 2");
+    }
+
+    #[test]
+    fn at_n_max_browsers_stuck_on_their_page_are_spread_not_stacked() {
+        // Every worker busy; their pages wait on R, so no session opens: each
+        // browser placed still weighs on its worker.
+        let (mut p, t0, ids) = busy_aware(2, 2, 20);
+        let t1 = t0 + Duration::from_secs(3);
+        for w in &ids {
+            p.cpu_sampled(*w, t1, t1 - SAMPLE, 1.0);
+        }
+        let picks: Vec<WorkerId> = (0..4).map(|t| p.pick_for_session(t1, t, Duration::ZERO).unwrap()).collect();
+        assert_eq!(picks, vec![ids[0], ids[1], ids[0], ids[1]]);
     }
 
     #[test]
