@@ -156,21 +156,19 @@ impl Slot {
     }
 
     /// Whether the worker's R is busy, or about to be, by `threshold` (a
-    /// share of one CPU; 0 never): its last CPU sample reached the threshold;
-    /// or a browser was placed or a session opened on it and no sampling window
-    /// began since (for at most `NEW_WORK_FOR`); or a browser placed on it
-    /// asked for something within `NEW_WORK_FOR` and has not opened its
-    /// session yet (its first outputs will be computed here).
+    /// share of one CPU; 0 never): its last CPU sample reached the threshold,
+    /// or a browser was placed or a session opened on it and no sampling
+    /// window began since (for at most `NEW_WORK_FOR`), so that a burst of
+    /// browsers is spread before any sample can show their work.
     pub fn busy(&self, now: Instant, threshold: f64) -> bool {
         if threshold <= 0.0 {
             return false;
         }
         let sampled = self.cpu.is_some_and(|c| c >= threshold);
-        let unseen = self.new_work.is_some_and(|t| {
-            now.duration_since(t) < NEW_WORK_FOR && self.cpu_since.is_none_or(|since| since <= t)
-        });
-        let arriving = self.pending.iter().any(|p| now.duration_since(p.at) < NEW_WORK_FOR);
-        sampled || unseen || arriving
+        let unseen = self
+            .new_work
+            .is_some_and(|t| now.duration_since(t) < NEW_WORK_FOR && self.cpu_since.is_none_or(|since| since <= t));
+        sampled || unseen
     }
 }
 
@@ -921,7 +919,11 @@ mod tests {
             picks.push(id);
         }
         assert_eq!(picks, vec![1, 2, 1, 2], "fewest sessions first, counting browsers not yet connected");
-        assert_eq!(p.pick_for_session(now, 9, Duration::ZERO), None, "browsers that came back for the assets hold their places");
+        assert_eq!(
+            p.pick_for_session(now, 9, Duration::ZERO),
+            None,
+            "browsers that came back for the assets hold their places"
+        );
         for (token, id) in picks.into_iter().enumerate() {
             p.session_opened(id, now, Some(token as u64));
         }
@@ -960,13 +962,20 @@ mod tests {
         ready_all(&mut p, &ids, now);
         assert!(p.pick_for_session(now, 1, Duration::ZERO).is_some());
         assert!(p.pick_for_session(now, 2, Duration::ZERO).is_some());
-        assert_eq!(p.pick_for_session(now, 3, Duration::ZERO), None, "the pool can grow: the third browser waits for a worker");
+        assert_eq!(
+            p.pick_for_session(now, 3, Duration::ZERO),
+            None,
+            "the pool can grow: the third browser waits for a worker"
+        );
         p.session_wanted();
         let new = grow(&mut p, now);
         assert_eq!(p.pick_for_session(now, 3, Duration::ZERO), None, "still starting");
         ready_all(&mut p, &new, now);
         assert_eq!(p.pick_for_session(now, 3, Duration::ZERO), Some(new[0]));
-        assert!(p.pick_for_session(now + PENDING_FOR, 4, Duration::ZERO).is_some(), "browsers that stayed away stop counting");
+        assert!(
+            p.pick_for_session(now + PENDING_FOR, 4, Duration::ZERO).is_some(),
+            "browsers that stayed away stop counting"
+        );
     }
 
     fn busy_aware(n_min: usize, n_max: usize, max_sessions: usize) -> (Pool<u32>, Instant, Vec<WorkerId>) {

@@ -22,10 +22,15 @@ fn session(addr: &str, opened: Option<mpsc::Sender<()>>) -> (String, Duration) {
     assert_eq!(status, 200, "the page: {head}");
     let cookie = head
         .lines()
-        .find_map(|l| l.to_ascii_lowercase().starts_with("set-cookie: valve_worker=").then(|| l[12..].trim().to_string()))
+        .find_map(|l| {
+            l.to_ascii_lowercase().starts_with("set-cookie: valve_worker=").then(|| l[12..].trim().to_string())
+        })
         .map(|c| c.split(';').next().unwrap().to_string());
     let mut ws = ws_connect(addr, "/websocket/", cookie.as_deref());
-    ws_send(&mut ws, r#"{"method":"init","data":{".clientdata_output_burnt_hidden":false,".clientdata_url_pathname":"/"}}"#);
+    ws_send(
+        &mut ws,
+        r#"{"method":"init","data":{".clientdata_output_burnt_hidden":false,".clientdata_url_pathname":"/"}}"#,
+    );
     if let Some(tx) = opened {
         let _ = tx.send(());
     }
@@ -158,7 +163,9 @@ fn a_seventh_session_behind_six_busy_ones_gets_its_output_far_sooner_than_by_ses
     // is not busy, and the pool grows to 4 while they wait.
     let by_count = seventh_session_wait(&["--busy-threshold", "0"]);
     let busy_aware = seventh_session_wait(&[]);
-    eprintln!("placement: the 7th session's first output after {by_count:?} by session count, {busy_aware:?} busy-aware");
+    eprintln!(
+        "placement: the 7th session's first output after {by_count:?} by session count, {busy_aware:?} busy-aware"
+    );
     assert!(
         busy_aware.as_secs_f64() < 0.67 * by_count.as_secs_f64(),
         "busy-aware placement should cut the 7th session's wait by a third at least: {busy_aware:?} vs {by_count:?}"
