@@ -115,6 +115,7 @@ pub(crate) fn settings(app: &AppConfig, check_unused: Duration) -> Settings {
             max_requests: app.max_requests,
             max_memory: app.max_worker_memory,
             max_sessions: app.max_sessions,
+            busy_threshold: if app.is_shiny() { app.busy_threshold } else { 0.0 },
         },
         max_age: app.max_age,
         check_unused,

@@ -72,6 +72,7 @@ impl Admin {
             "max_requests": first.and_then(|a| a.max_requests),
             "max_worker_memory": first.and_then(|a| a.max_worker_memory),
             "max_sessions": first.map(|a| a.max_sessions),
+            "busy_threshold": first.map(|a| a.busy_threshold),
         });
         Arc::new(Admin {
             router,

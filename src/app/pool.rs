@@ -1,7 +1,8 @@
 //! One app's pool: which workers exist, what state each is in, who waits for
 //! one, and every rule about them: which idle worker takes a request, when to
 //! grow or shrink, when a worker has served its share or grown too big, which
-//! worker takes a new Shiny session, when an idle worker is due a liveness
+//! worker takes a new Shiny session (one whose R is not busy, from the CPU
+//! samples the supervisor feeds in), when an idle worker is due a liveness
 //! probe, and how long to wait before restarting after failed starts.
 //!
 //! Pure logic: no processes, no sockets, no clocks of its own (callers pass
@@ -108,6 +109,14 @@ pub struct Slot {
     pub in_flight: usize,
     /// Browsers sent to this worker whose WebSocket has not opened yet.
     pub pending: VecDeque<Pending>,
+    /// Shiny: the share of the last sampling window its R spent running or
+    /// waiting to run (1.0: all of it; more than one thread can add up past it).
+    pub cpu: Option<f64>,
+    /// When the last CPU sampling window began.
+    pub cpu_since: Option<Instant>,
+    /// Shiny: when a browser was last placed on it or a session last opened on
+    /// it: work that CPU samples taken since may not show yet.
+    pub new_work: Option<Instant>,
 }
 
 /// A browser placed on a worker, on its way to opening a session.
@@ -141,6 +150,9 @@ impl Slot {
             sessions: 0,
             in_flight: 0,
             pending: VecDeque::new(),
+            cpu: None,
+            cpu_since: None,
+            new_work: None,
         }
     }
 
@@ -152,11 +164,33 @@ impl Slot {
     fn load(&self, now: Instant) -> usize {
         self.sessions + self.pending.iter().filter(|p| now.duration_since(p.at) < PENDING_FOR).count()
     }
+
+    /// Whether the worker's R is busy, or about to be, by `threshold` (a
+    /// share of one CPU; 0 never): its last CPU sample reached the threshold,
+    /// or a browser was placed or a session opened on it and no sampling
+    /// window began since (for at most `NEW_WORK_FOR`), so that a burst of
+    /// browsers is spread before any sample can show their work.
+    pub fn busy(&self, now: Instant, threshold: f64) -> bool {
+        if threshold <= 0.0 {
+            return false;
+        }
+        let sampled = self.cpu.is_some_and(|c| c >= threshold);
+        let unseen = self
+            .new_work
+            .is_some_and(|t| now.duration_since(t) < NEW_WORK_FOR && self.cpu_since.is_none_or(|since| since <= t));
+        sampled || unseen
+    }
 }
 
 /// How long a browser placed on a Shiny worker counts against it since it
 /// was placed or last came back (for the page's assets), before its WebSocket opens.
 pub const PENDING_FOR: Duration = Duration::from_secs(30);
+/// How long new work on a Shiny worker (a browser placed on it, a session
+/// opened) makes it busy before its CPU samples show that work, at most.
+pub const NEW_WORK_FOR: Duration = Duration::from_secs(2);
+/// How long a new browser waits for a worker that is not busy (one starting,
+/// or one finishing its work) before it takes a busy one that has room.
+pub const BUSY_PATIENCE: Duration = Duration::from_secs(5);
 /// The first and the longest pause before restarting a worker that failed to start.
 pub const BACKOFF_FIRST: Duration = Duration::from_millis(250);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -177,6 +211,9 @@ pub struct Limits {
     pub max_memory: Option<u64>,
     /// Shiny: sessions per worker.
     pub max_sessions: usize,
+    /// Shiny: the share of one CPU (0.5: half) a worker's R must use to count
+    /// as busy for placement; 0 places by session count alone.
+    pub busy_threshold: f64,
 }
 
 /// Worker ids, unique across every app of one valve run (sticky cookies name them).
@@ -573,31 +610,47 @@ impl<W> Pool<W> {
     }
 
     /// Chooses the worker for a new Shiny session (the browser's `token` goes
-    /// in its sticky cookie): the ready worker holding the fewest sessions,
-    /// browsers on their way included, below `max_sessions`. When none has
-    /// room and the pool can still grow (or a worker is starting), `None`: the
-    /// caller waits for the new worker (see `wants`, `session_wanted`). At
-    /// `n_max`, browsers on their way no longer hold places: the worker with the
-    /// fewest open sessions below `max_sessions` takes it, so page loads that
-    /// never open a session (a crawler, an attack) lock nobody out. `None`
-    /// then only when every worker holds `max_sessions` open sessions.
-    pub fn pick_for_session(&mut self, now: Instant, token: u64) -> Option<WorkerId> {
+    /// in its sticky cookie), the browser having waited `waited` so far:
+    ///
+    /// 1. a ready worker below `max_sessions` (browsers on their way included)
+    ///    whose R is not busy (see `Slot::busy`), the one holding the fewest;
+    /// 2. none, and a worker is starting or the pool can grow: `None`, the
+    ///    caller waits for the new worker (see `wants`, `session_wanted`) or for
+    ///    a worker to finish its work (`cpu_sampled`). When workers with room are
+    ///    only busy and nothing starts (the budget across apps is spent), it
+    ///    waits for up to `BUSY_PATIENCE`;
+    /// 3. otherwise a worker below `max_sessions` open sessions: one that is
+    ///    not busy first, then the one with the fewest sessions and browsers on
+    ///    their way (under load, browsers whose page waits on a busy R are
+    ///    spread, not stacked on one worker). Browsers on their way no longer
+    ///    hold places then, so page loads that never open a session (a
+    ///    crawler, an attack) lock nobody out. `None` only when every worker
+    ///    holds `max_sessions` open sessions.
+    ///
+    /// With `busy_threshold` 0 no worker is busy: fewest sessions below
+    /// `max_sessions`, and a new worker only when all are full.
+    pub fn pick_for_session(&mut self, now: Instant, token: u64, waited: Duration) -> Option<WorkerId> {
         let max = self.limits.max_sessions;
-        let with_room = self
+        let threshold = self.limits.busy_threshold;
+        let has_room = |s: &Slot| s.takes_sessions() && s.load(now) < max;
+        let calm = self
             .slots
             .iter()
-            .filter(|(_, s)| s.takes_sessions() && s.load(now) < max)
+            .filter(|(_, s)| has_room(s) && !s.busy(now, threshold))
             .min_by_key(|(id, s)| (s.load(now), **id))
             .map(|(id, _)| *id);
-        let can_grow = self.live() < self.limits.n_max || self.count(State::Starting) > 0;
-        let id = match with_room {
+        let starting = self.count(State::Starting) > 0;
+        let can_grow = self.live() < self.limits.n_max;
+        let only_busy = self.slots.values().any(has_room);
+        let id = match calm {
             Some(id) => id,
-            None if can_grow => return None,
+            None if starting => return None,
+            None if can_grow && !(only_busy && waited >= BUSY_PATIENCE) => return None,
             None => self
                 .slots
                 .iter()
                 .filter(|(_, s)| s.takes_sessions() && s.sessions < max)
-                .min_by_key(|(id, s)| (s.sessions, s.load(now), **id))
+                .min_by_key(|(id, s)| (s.busy(now, threshold), s.load(now), s.sessions, **id))
                 .map(|(id, _)| *id)?,
         };
         let slot = self.slots.get_mut(&id)?;
@@ -607,7 +660,22 @@ impl<W> Pool<W> {
             slot.pending.pop_front();
         }
         slot.pending.push_back(Pending { token, at: now });
+        slot.new_work = Some(now);
         Some(id)
+    }
+
+    /// A CPU sample of a Shiny worker: the share of the window since `since`
+    /// its R spent running or waiting to run. Returns whether a browser
+    /// waiting for a place may now take this worker (it has room, is not busy,
+    /// and browsers wait): the caller wakes them.
+    pub fn cpu_sampled(&mut self, id: WorkerId, now: Instant, since: Instant, share: f64) -> bool {
+        let threshold = self.limits.busy_threshold;
+        let max = self.limits.max_sessions;
+        let demand = self.session_demand > 0;
+        let Some(slot) = self.slots.get_mut(&id) else { return false };
+        slot.cpu = Some(share);
+        slot.cpu_since = Some(since);
+        demand && slot.state == State::Idle && slot.load(now) < max && !slot.busy(now, threshold)
     }
 
     /// A browser waits for a place (all workers full): the pool wants a worker for it.
@@ -625,6 +693,7 @@ impl<W> Pool<W> {
         if let Some(slot) = self.slots.get_mut(&id) {
             slot.sessions += 1;
             slot.proven = true;
+            slot.new_work = Some(now);
             if let Some(i) = slot.pending.iter().position(|p| Some(p.token) == token) {
                 slot.pending.remove(i);
             }
@@ -704,7 +773,7 @@ mod tests {
     use super::*;
 
     fn limits(n_min: usize, n_max: usize) -> Limits {
-        Limits { n_min, n_max, max_requests: None, max_memory: None, max_sessions: 20 }
+        Limits { n_min, n_max, max_requests: None, max_memory: None, max_sessions: 20, busy_threshold: 0.0 }
     }
 
     fn pool(n_min: usize, n_max: usize) -> (Pool<u32>, Instant) {
@@ -955,7 +1024,7 @@ mod tests {
         }
         assert_eq!(p.touch(w, now, None), Some(true), "its share is served");
         assert_eq!(p.slot(w).unwrap().state, State::Draining);
-        assert_eq!(p.pick_for_session(now, 1), None, "a draining worker takes no new session");
+        assert_eq!(p.pick_for_session(now, 1, Duration::ZERO), None, "a draining worker takes no new session");
         assert_eq!(p.touch(w, now, None), Some(false), "but serves the sessions it has");
         assert_eq!(p.wants(), 1, "the pool wants a worker in its place");
         p.session_closed(w, now);
@@ -980,23 +1049,27 @@ mod tests {
         ready_all(&mut p, &ids, now);
         let mut picks = Vec::new();
         for token in 0..4 {
-            let id = p.pick_for_session(now, token).unwrap();
+            let id = p.pick_for_session(now, token, Duration::ZERO).unwrap();
             p.touch(id, now, Some(token));
             picks.push(id);
         }
         assert_eq!(picks, vec![1, 2, 1, 2], "fewest sessions first, counting browsers not yet connected");
-        assert_eq!(p.pick_for_session(now, 9), None, "browsers that came back for the assets hold their places");
+        assert_eq!(
+            p.pick_for_session(now, 9, Duration::ZERO),
+            None,
+            "browsers that came back for the assets hold their places"
+        );
         for (token, id) in picks.into_iter().enumerate() {
             p.session_opened(id, now, Some(token as u64));
         }
         assert!(p.slots().all(|(_, s)| s.pending.is_empty()), "each session took its browser's place");
-        assert_eq!(p.pick_for_session(now, 9), None, "all full");
+        assert_eq!(p.pick_for_session(now, 9, Duration::ZERO), None, "all full");
         p.session_wanted();
         assert_eq!(grow(&mut p, now), vec![3], "a waiting browser starts a worker");
         assert_eq!(grow(&mut p, now), Vec::<WorkerId>::new(), "one is starting already");
         p.session_served();
         p.session_closed(1, now);
-        assert_eq!(p.pick_for_session(now, 10), Some(1));
+        assert_eq!(p.pick_for_session(now, 10, Duration::ZERO), Some(1));
         let later = now + Duration::from_secs(100);
         assert!(p.prune(later, Duration::from_secs(1)).is_empty(), "workers with sessions are never pruned");
     }
@@ -1008,12 +1081,12 @@ mod tests {
         let ids = grow(&mut p, now);
         ready_all(&mut p, &ids, now);
         for token in 0..40 {
-            assert!(p.pick_for_session(now, token).is_some(), "page load {token} is placed at once");
+            assert!(p.pick_for_session(now, token, Duration::ZERO).is_some(), "page load {token} is placed at once");
         }
         assert!(p.slot(ids[0]).unwrap().pending.len() <= 8, "and the bookkeeping stays bounded");
         p.session_opened(ids[0], now, Some(38));
         p.session_opened(ids[0], now, Some(39));
-        assert_eq!(p.pick_for_session(now, 100), None, "open sessions are the real limit");
+        assert_eq!(p.pick_for_session(now, 100, Duration::ZERO), None, "open sessions are the real limit");
     }
 
     #[test]
@@ -1022,15 +1095,165 @@ mod tests {
         let mut p: Pool<u32> = Pool::new(Limits { max_sessions: 2, ..limits(1, 2) }, Ids::default());
         let ids = grow(&mut p, now);
         ready_all(&mut p, &ids, now);
-        assert!(p.pick_for_session(now, 1).is_some());
-        assert!(p.pick_for_session(now, 2).is_some());
-        assert_eq!(p.pick_for_session(now, 3), None, "the pool can grow: the third browser waits for a worker");
+        assert!(p.pick_for_session(now, 1, Duration::ZERO).is_some());
+        assert!(p.pick_for_session(now, 2, Duration::ZERO).is_some());
+        assert_eq!(
+            p.pick_for_session(now, 3, Duration::ZERO),
+            None,
+            "the pool can grow: the third browser waits for a worker"
+        );
         p.session_wanted();
         let new = grow(&mut p, now);
-        assert_eq!(p.pick_for_session(now, 3), None, "still starting");
+        assert_eq!(p.pick_for_session(now, 3, Duration::ZERO), None, "still starting");
         ready_all(&mut p, &new, now);
-        assert_eq!(p.pick_for_session(now, 3), Some(new[0]));
-        assert!(p.pick_for_session(now + PENDING_FOR, 4).is_some(), "browsers that stayed away stop counting");
+        assert_eq!(p.pick_for_session(now, 3, Duration::ZERO), Some(new[0]));
+        assert!(
+            p.pick_for_session(now + PENDING_FOR, 4, Duration::ZERO).is_some(),
+            "browsers that stayed away stop counting"
+        );
+    }
+
+    fn busy_aware(n_min: usize, n_max: usize, max_sessions: usize) -> (Pool<u32>, Instant, Vec<WorkerId>) {
+        let now = Instant::now();
+        let mut p: Pool<u32> =
+            Pool::new(Limits { max_sessions, busy_threshold: 0.5, ..limits(n_min, n_max) }, Ids::default());
+        let ids = grow(&mut p, now);
+        ready_all(&mut p, &ids, now);
+        (p, now, ids)
+    }
+
+    /// A browser placed on `id` at `now` opens its session there.
+    fn open_session(p: &mut Pool<u32>, id: WorkerId, now: Instant, token: u64) {
+        p.session_opened(id, now, Some(token));
+    }
+
+    const SAMPLE: Duration = Duration::from_millis(250);
+
+    #[test]
+    fn a_new_session_goes_to_a_worker_whose_r_is_not_busy_even_if_it_holds_more_sessions() {
+        let (mut p, t0, ids) = busy_aware(2, 2, 20);
+        let (a, b) = (ids[0], ids[1]);
+        for token in 0..3 {
+            open_session(&mut p, a, t0, token);
+        }
+        open_session(&mut p, b, t0, 3);
+        let t1 = t0 + Duration::from_secs(3);
+        p.cpu_sampled(a, t1, t1 - SAMPLE, 0.02);
+        p.cpu_sampled(b, t1, t1 - SAMPLE, 0.97);
+        assert!(p.slot(b).unwrap().busy(t1, 0.5) && !p.slot(a).unwrap().busy(t1, 0.5));
+        assert_eq!(p.pick_for_session(t1, 9, Duration::ZERO), Some(a), "the calm worker, though it holds 3 sessions");
+        assert!(p.slot(a).unwrap().busy(t1, 0.5), "a browser on its way makes it busy until it has been seen working");
+    }
+
+    #[test]
+    fn when_every_worker_is_busy_the_pool_grows_and_the_browser_waits_for_the_new_worker() {
+        let (mut p, t0, ids) = busy_aware(1, 3, 20);
+        let w = ids[0];
+        open_session(&mut p, w, t0, 1);
+        let t1 = t0 + Duration::from_secs(3);
+        p.cpu_sampled(w, t1, t1 - SAMPLE, 1.0);
+        assert_eq!(p.pick_for_session(t1, 2, Duration::ZERO), None, "its only worker is busy: wait for another");
+        p.session_wanted();
+        let new = grow(&mut p, t1);
+        assert_eq!(new.len(), 1, "one new worker for the one waiting browser");
+        assert_eq!(p.pick_for_session(t1, 2, Duration::from_secs(1)), None, "still starting");
+        ready_all(&mut p, &new, t1);
+        assert_eq!(p.pick_for_session(t1, 2, Duration::from_secs(1)), Some(new[0]));
+        p.session_served();
+    }
+
+    #[test]
+    fn a_worker_that_finishes_its_work_wakes_waiting_browsers_and_takes_them() {
+        let (mut p, t0, ids) = busy_aware(1, 2, 20);
+        let w = ids[0];
+        open_session(&mut p, w, t0, 1);
+        let t1 = t0 + Duration::from_secs(3);
+        assert!(!p.cpu_sampled(w, t1, t1 - SAMPLE, 0.9), "busy, and nobody waits anyway");
+        assert_eq!(p.pick_for_session(t1, 2, Duration::ZERO), None);
+        p.session_wanted();
+        let t2 = t1 + SAMPLE;
+        assert!(p.cpu_sampled(w, t2, t1, 0.01), "calm again while a browser waits: wake it");
+        assert_eq!(p.pick_for_session(t2, 2, SAMPLE), Some(w), "before the new worker is up");
+    }
+
+    #[test]
+    fn new_work_counts_as_busy_until_a_sample_that_began_after_it() {
+        let (mut p, t0, ids) = busy_aware(1, 1, 20);
+        let w = ids[0];
+        p.cpu_sampled(w, t0, t0 - SAMPLE, 0.0);
+        open_session(&mut p, w, t0 + Duration::from_millis(10), 1);
+        let t1 = t0 + SAMPLE;
+        p.cpu_sampled(w, t1, t0, 0.05);
+        assert!(p.slot(w).unwrap().busy(t1, 0.5), "that window began before the session opened");
+        let t2 = t1 + SAMPLE;
+        p.cpu_sampled(w, t2, t1, 0.05);
+        assert!(!p.slot(w).unwrap().busy(t2, 0.5), "a whole window after it, and R stayed calm: cheap work");
+        // Without samples (no /proc), new work stops counting after NEW_WORK_FOR.
+        let (mut q, t0, ids) = busy_aware(1, 1, 20);
+        open_session(&mut q, ids[0], t0, 1);
+        assert!(q.slot(ids[0]).unwrap().busy(t0 + NEW_WORK_FOR / 2, 0.5));
+        assert!(!q.slot(ids[0]).unwrap().busy(t0 + NEW_WORK_FOR, 0.5));
+    }
+
+    #[test]
+    fn at_n_max_with_every_worker_busy_the_one_with_fewest_sessions_takes_it() {
+        // The case: 6 sessions burn CPU on 4 workers (2, 2, 1, 1); a 7th arrives.
+        let (mut p, t0, ids) = busy_aware(4, 4, 20);
+        for (token, w) in [ids[0], ids[0], ids[1], ids[1], ids[2], ids[3]].into_iter().enumerate() {
+            open_session(&mut p, w, t0, token as u64);
+        }
+        let t1 = t0 + Duration::from_secs(3);
+        for w in &ids {
+            p.cpu_sampled(*w, t1, t1 - SAMPLE, 0.5);
+        }
+        assert_eq!(p.pick_for_session(t1, 7, Duration::ZERO), Some(ids[2]), "not a worker holding 2");
+    }
+
+    #[test]
+    fn at_n_max_browsers_stuck_on_their_page_are_spread_not_stacked() {
+        // Every worker busy; their pages wait on R, so no session opens: each
+        // browser placed still weighs on its worker.
+        let (mut p, t0, ids) = busy_aware(2, 2, 20);
+        let t1 = t0 + Duration::from_secs(3);
+        for w in &ids {
+            p.cpu_sampled(*w, t1, t1 - SAMPLE, 1.0);
+        }
+        let picks: Vec<WorkerId> = (0..4).map(|t| p.pick_for_session(t1, t, Duration::ZERO).unwrap()).collect();
+        assert_eq!(picks, vec![ids[0], ids[1], ids[0], ids[1]]);
+    }
+
+    #[test]
+    fn a_browser_waits_for_a_calm_worker_at_most_busy_patience() {
+        let (mut p, t0, ids) = busy_aware(1, 2, 20);
+        let w = ids[0];
+        open_session(&mut p, w, t0, 1);
+        let t1 = t0 + Duration::from_secs(3);
+        p.cpu_sampled(w, t1, t1 - SAMPLE, 1.0);
+        p.session_wanted();
+        assert_eq!(p.grow(t1, 0).ids, Vec::<WorkerId>::new(), "the budget across apps is spent: nothing starts");
+        assert_eq!(p.pick_for_session(t1, 2, BUSY_PATIENCE / 2), None, "the pool may still grow: wait");
+        assert_eq!(p.pick_for_session(t1, 2, BUSY_PATIENCE), Some(w), "long enough: a busy worker with room it is");
+        // A worker on its way is waited for, however slow its start (calm workers still wake the browser).
+        let new = grow(&mut p, t1);
+        assert_eq!(p.pick_for_session(t1, 3, BUSY_PATIENCE * 4), None);
+        ready_all(&mut p, &new, t1);
+        assert_eq!(p.pick_for_session(t1, 3, BUSY_PATIENCE * 4), Some(new[0]));
+        // A full worker is not "busy with room": past patience the browser still waits for room.
+        let (mut q, t0, ids) = busy_aware(1, 2, 1);
+        open_session(&mut q, ids[0], t0, 1);
+        assert_eq!(q.pick_for_session(t0, 2, BUSY_PATIENCE * 2), None);
+    }
+
+    #[test]
+    fn threshold_zero_is_the_session_count_rule() {
+        let now = Instant::now();
+        let mut p: Pool<u32> = Pool::new(Limits { max_sessions: 20, ..limits(1, 4) }, Ids::default());
+        let ids = grow(&mut p, now);
+        ready_all(&mut p, &ids, now);
+        open_session(&mut p, ids[0], now, 1);
+        p.cpu_sampled(ids[0], now, now - SAMPLE, 1.0);
+        assert!(!p.slot(ids[0]).unwrap().busy(now, 0.0));
+        assert_eq!(p.pick_for_session(now, 2, Duration::ZERO), Some(ids[0]), "busy R, but it has room");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 
 use super::budget::{self, Spare};
 use super::lease::{Home, Lease, Returned};
-use super::pool::{Done, Ids, Limits, Pool, Release, Retire, Start, State, WorkerId};
+use super::pool::{Done, Ids, Limits, Pool, Release, Retire, Start, State, WorkerId, BUSY_PATIENCE};
 use super::sticky::Sticky;
 use crate::metrics::{AppMetrics, ExitReason, Gauges, Rejection};
 use crate::worker::{Conn, Connect, Exit, Launch, MemoryProbe, StartError, Stop};
@@ -40,6 +40,8 @@ const DRAIN_QUIET: Duration = Duration::from_secs(5);
 /// 50 times as far apart as a sample takes (reading a fork's private memory
 /// costs milliseconds).
 const SAMPLE_MIN_GAP: Duration = Duration::from_millis(200);
+/// How often a Shiny worker's CPU is sampled (when --busy-threshold is not 0).
+const CPU_SAMPLE_EVERY: Duration = Duration::from_millis(250);
 
 type Waiter = oneshot::Sender<Lease>;
 
@@ -248,6 +250,8 @@ pub struct WorkerStatus {
     pub idle_s: Option<f64>,
     pub memory_bytes: Option<u64>,
     pub forked: bool,
+    /// Shiny: the share of a CPU its R used (running or waiting to run) at the last sample.
+    pub cpu: Option<f64>,
 }
 
 /// What `/__valve__/status` shows of one app's pool.
@@ -336,6 +340,7 @@ impl Supervisor {
                         idle_s: (slot.state == State::Idle).then(|| now.duration_since(slot.last_used).as_secs_f64()),
                         memory_bytes: slot.memory,
                         forked: live.is_some_and(|l| l.forked),
+                        cpu: slot.cpu.map(|c| (c * 100.0).round() / 100.0),
                     }
                 })
                 .collect();
@@ -433,11 +438,15 @@ impl Supervisor {
     }
 
     /// The Shiny worker for a request: the browser's own (`wanted`, its worker
-    /// and token from its sticky cookie) while it serves, else the ready worker
-    /// with the fewest sessions below --max-sessions, starting one when all are
-    /// full. `token` names a browser that has none yet.
+    /// and token from its sticky cookie) while it serves, else the one the
+    /// pool picks (`Pool::pick_for_session`: a worker whose R is not busy,
+    /// with the fewest sessions below --max-sessions), starting one when all
+    /// are busy or full. `token` names a browser that has none yet.
     pub async fn sticky(self: &Arc<Self>, wanted: Option<(WorkerId, u64)>, token: u64) -> Result<Sticky, Unavailable> {
-        let deadline = tokio::time::Instant::now() + self.settings.queue_timeout;
+        let began = tokio::time::Instant::now();
+        let deadline = began + self.settings.queue_timeout;
+        // Past this, a busy worker with room will do (the pool decides); look again then.
+        let patience = began + BUSY_PATIENCE;
         let mut counted = false;
         let result = loop {
             let changed = self.changed.notified();
@@ -457,7 +466,7 @@ impl Supervisor {
                         }
                     }
                 }
-                if let Some(id) = app.pool.pick_for_session(now, token) {
+                if let Some(id) = app.pool.pick_for_session(now, token, began.elapsed()) {
                     app.pool.touch(id, now, None);
                     if let Some(sticky) = sticky_for(self, app, id, true, token) {
                         break Ok(sticky);
@@ -479,11 +488,12 @@ impl Supervisor {
                     seen = ?seen,
                     wanted = ?wanted.map(|w| w.0),
                     max_sessions = self.settings.limits.max_sessions,
-                    "starting worker: every worker holds --max-sessions sessions"
+                    "starting worker: a new browser finds every worker busy or holding --max-sessions sessions"
                 );
                 sup.spawn_start(start);
             }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+            let wake = if tokio::time::Instant::now() < patience { patience.min(deadline) } else { deadline };
+            if tokio::time::timeout_at(wake, changed).await.is_err() && wake == deadline {
                 self.metrics.reject(Rejection::QueueTimeout);
                 break Err(Unavailable::QueueTimeout);
             }
@@ -703,7 +713,12 @@ impl Supervisor {
             }
         }
 
-        // Serving: wait for the exit; carry out stops; sample memory.
+        // Serving: wait for the exit; carry out stops; sample memory, and a
+        // Shiny worker's CPU (the pool places new sessions by it).
+        let cpu_pid = process.pid().filter(|_| self.settings.limits.busy_threshold > 0.0);
+        let mut cpu_tick = tokio::time::interval(CPU_SAMPLE_EVERY);
+        cpu_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut cpu_last: Option<(Instant, Duration)> = None;
         let mut memory_at: Option<Instant> = None;
         let mut sample_cost = Duration::ZERO;
         let mut next_sample = tokio::time::Instant::now();
@@ -735,6 +750,9 @@ impl Supervisor {
                     let due = memory_at.map(|t| t + gap).unwrap_or_else(Instant::now);
                     next_sample = next_sample.min(tokio::time::Instant::from_std(due));
                 }
+                _ = cpu_tick.tick(), if cpu_pid.is_some() => {
+                    cpu_last = self.sample_cpu(id, cpu_pid, cpu_last);
+                }
                 _ = tokio::time::sleep_until(next_sample), if memory.is_some() => {
                     let began = now();
                     if let Some(probe) = memory {
@@ -748,6 +766,30 @@ impl Supervisor {
         };
         let _ = exit_tx.send(Some(exit.clone()));
         self.exited(id, process.pid(), exit);
+    }
+
+    /// Reads how long a Shiny worker's R has run or waited to run (one small
+    /// /proc file, off the lock) and gives the pool its share of the time
+    /// since the last reading; wakes browsers waiting for a place when the
+    /// pool says this worker can take one now. Returns the new last reading.
+    fn sample_cpu(
+        &self,
+        id: WorkerId,
+        pid: Option<u32>,
+        last: Option<(Instant, Duration)>,
+    ) -> Option<(Instant, Duration)> {
+        let at = now();
+        let used = crate::worker::cpu_time(pid?)?;
+        if let Some((since, before)) = last {
+            let wall = at.saturating_duration_since(since);
+            if !wall.is_zero() {
+                let share = used.saturating_sub(before).as_secs_f64() / wall.as_secs_f64();
+                if self.with(|app| app.pool.cpu_sampled(id, at, since, share)) == Some(true) {
+                    self.changed.notify_waiters();
+                }
+            }
+        }
+        Some((at, used))
     }
 
     /// Reads a worker's memory off the lock, then records it; the pool says

@@ -33,6 +33,7 @@ const APP_KEYS: &[&str] = &[
     "max_requests",
     "max_worker_memory",
     "max_sessions",
+    "busy_threshold",
     "r_bin",
     "start_timeout",
     "env",
@@ -372,19 +373,10 @@ impl<'a> Cx<'a> {
             None => self.flag_size("--max-body-size", &a.max_body_size),
         };
         let preload = self.boolean("preload", t, a.preload);
-        if let (Some(true), Some(s)) = (preload, &source) {
-            if s.is_shiny() {
-                let span = self.pick("preload", t).map(|v| v.span()).unwrap_or(app.span());
-                let message = format!(
-                    "preload runs plumber APIs only; {} is a Shiny app (set preload = false for it)",
-                    s.path().display()
-                );
-                self.at(span, message);
-            }
-        }
         let r_bin = self.string("r_bin", t, &a.r_bin.to_string_lossy()).map(PathBuf::from);
         let env = self.env(t);
         let max_sessions = self.count("max_sessions", t, a.max_sessions as u64, 1, 100_000).map(|n| n as usize);
+        let busy_threshold = self.count("busy_threshold", t, a.busy_threshold as u64, 0, 100).map(|n| n as f64 / 100.0);
         let queue_size = self.count("queue_size", t, a.queue_size as u64, 1, u32::MAX as u64).map(|n| n as usize);
         let max_age = self.seconds("max_age", t, &a.max_age, true);
         let queue_timeout = self.seconds("queue_timeout", t, &a.queue_timeout, false);
@@ -404,6 +396,7 @@ impl<'a> Cx<'a> {
             max_requests: max_requests.map(|n| (n > 0).then_some(n))?,
             max_worker_memory: max_worker_memory?,
             max_sessions: max_sessions?,
+            busy_threshold: busy_threshold?,
             r_bin: r_bin?,
             start_timeout: start_timeout?,
             env: env?,
@@ -734,7 +727,6 @@ request_timeout = "soon"
         assert!(text.contains(":2:1: unknown key `n_maxx` at the top level (did you mean `n_max`?)"), "{text}");
         assert!(text.contains(":5:8: file = \"nowhere\": app not found"), "{text}");
         assert!(text.contains(":6:8: path = \"sales\": must start with `/`"), "{text}");
-        assert!(text.contains(":11:11: preload runs plumber APIs only"), "{text}");
         assert!(text.contains(":12:19: request_timeout = \"soon\": not a number of seconds"), "{text}");
     }
 

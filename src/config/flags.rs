@@ -153,6 +153,13 @@ pub struct Args {
     #[arg(long = "max-sessions", env = "VALVE_MAX_SESSIONS", default_value_t = 20, value_name = "N")]
     pub max_sessions: usize,
 
+    /// Shiny: a worker whose R ran (or waited to run) at least PERCENT% of the last quarter second
+    /// is busy; new sessions go to a worker that is not, or start another up to --n-max, before they
+    /// crowd a busy one (0: place by session count only).
+    #[arg(long = "busy-threshold", env = "VALVE_BUSY_THRESHOLD", default_value_t = 50,
+          value_parser = clap::value_parser!(u8).range(0..=100), value_name = "PERCENT")]
+    pub busy_threshold: u8,
+
     /// Seconds a client gets to send a request's headers before it is cut off.
     #[arg(long = "header-timeout", env = "VALVE_HEADER_TIMEOUT", default_value = "30", value_name = "SECONDS")]
     pub header_timeout: String,
@@ -248,10 +255,7 @@ impl Args {
     /// `-f`: one app at `/`.
     pub fn single(&self) -> Result<Config, ConfigError> {
         self.check_pool_flags()?;
-        let source = match discover::resolve(&self.file, "-f/--file")? {
-            AppSource::Shiny(p) if self.preload => return Err(ConfigError::PreloadShiny(p.display().to_string())),
-            source => source,
-        };
+        let source = discover::resolve(&self.file, "-f/--file")?;
         let app = self.app(source.default_name(), "/".to_string(), source, self.preload)?;
         let server = self.server(self.max_workers.unwrap_or(self.n_max))?;
         if app.n_min > server.max_workers {
@@ -261,13 +265,9 @@ impl Args {
     }
 
     /// `--site DIR`: each app folder at `/<folder>`, with the flags' settings.
-    /// `--preload` applies to the plumber APIs among them.
     pub fn site(&self, dir: &Path) -> Result<Config, ConfigError> {
         self.check_pool_flags()?;
-        let (apps, notes) = file::site(dir, |source, name, prefix| {
-            let preload = self.preload && !source.is_shiny();
-            self.app(name, prefix, source, preload)
-        })?;
+        let (apps, notes) = file::site(dir, |source, name, prefix| self.app(name, prefix, source, self.preload))?;
         let n_min: usize = apps.iter().map(|a| a.n_min).sum();
         let server = self.server(self.max_workers.unwrap_or_else(|| apps.iter().map(|a| a.n_max).sum()))?;
         if n_min > server.max_workers {
@@ -298,6 +298,7 @@ impl Args {
                 .map(|v| parse_size("--max-worker-memory", v))
                 .transpose()?,
             max_sessions: self.max_sessions,
+            busy_threshold: f64::from(self.busy_threshold) / 100.0,
             r_bin: self.r_bin.clone(),
             start_timeout: parse_seconds("--start-timeout", &self.start_timeout, false)?,
             env: Vec::new(),

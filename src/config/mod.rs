@@ -133,6 +133,8 @@ pub struct AppConfig {
     /// `None`: never recycle by memory. In bytes.
     pub max_worker_memory: Option<u64>,
     pub max_sessions: usize,
+    /// Shiny: the share of a CPU that makes a worker busy for placement (0: never).
+    pub busy_threshold: f64,
     pub r_bin: PathBuf,
     pub start_timeout: Duration,
     /// Extra environment variables for the app's workers.
@@ -154,8 +156,6 @@ pub enum ConfigError {
     Unreadable { path: String, reason: String },
     #[error("folder {0} holds no entrypoint.R, plumber.R, server.R or app.R (pass the app file itself with -f)")]
     EmptyDir(String),
-    #[error("--preload runs plumber APIs only; {0} is a Shiny app (drop --preload)")]
-    PreloadShiny(String),
     #[error("--max-sessions must be at least 1")]
     ZeroSessions,
     #[error("--n-min {n_min} is above --n-max {n_max}: raise --n-max or lower --n-min")]

@@ -3,8 +3,8 @@
 #
 # VALVE_APP_KIND: plumber-file, plumber-dir, plumber-rds (a saved router) or shiny.
 # VALVE_MODE=plain: load the API and serve it.
-# VALVE_MODE=preload: load the API once, then fork a worker for each line
-#   `fork ID SOCKET FIFO` valve writes on stdin; exit when stdin closes.
+# VALVE_MODE=preload: load the API (or the Shiny app) once, then fork a worker
+#   for each line `fork ID SOCKET FIFO` valve writes on stdin; exit when stdin closes.
 # VALVE_TRANSPORT (plumber only; Shiny always uses httpuv):
 #   frames: the request loop in VALVE_LOOP (loop.R, next to this file) takes
 #     requests from valve over one loopback connection it opens to
@@ -55,12 +55,104 @@ local({
                                   token = Sys.getenv("VALVE_FRAME_TOKEN"), worker_id = id, warm_up = warm_up)
   }
 
+  # --preload: the parent process loads the app once and only forks; each fork
+  # is a worker. `serve(socket, id)` is what a fork does once it is set up.
+  valve_pid <- Sys.getenv("VALVE_PID")
+  valve_start <- Sys.getenv("VALVE_START_TIME")
+  valve_alive <- function() {
+    stat <- tryCatch(readLines(sprintf("/proc/%s/stat", valve_pid), warn = FALSE), error = function(e) "")
+    fields <- strsplit(sub(".*\\) ", "", stat[1]), " ", fixed = TRUE)[[1]]
+    length(fields) >= 20 && identical(fields[20], valve_start)
+  }
+
+  become_worker <- function(id, socket, fifo, serve) {
+    # Output goes to valve through this fork's own channel, pid first.
+    # Opened read-write: unlike a write-only open, that never blocks waiting for a reader.
+    out <- file(fifo, open = "w+", raw = TRUE)
+    writeLines(paste("valve-fork-pid", Sys.getpid()), out)
+    flush(out)
+    sink(out)
+    sink(out, type = "message")
+    Sys.setenv(VALVE_WORKER_ID = id, VALVE_SOCKET = socket)
+    # A fresh individual: R seeds its generator from the time and pid on next use.
+    if (exists(".Random.seed", envir = globalenv(), inherits = FALSE)) {
+      rm(".Random.seed", envir = globalenv())
+    }
+    # Its own temporary directory (tempdir() and tempfile() use it).
+    own_tmp <- file.path(tempdir(), paste0("worker-", id))
+    dir.create(own_tmp, showWarnings = FALSE)
+    base <- baseenv()
+    unlockBinding("tempdir", base)
+    assign("tempdir", function(check = FALSE) own_tmp, envir = base)
+    lockBinding("tempdir", base)
+    Sys.setenv(TMPDIR = own_tmp)
+    # R's own exit sequence can deadlock in a fork (it waits on threads that were
+    # not copied), so quit() and q() end the fork at once.
+    # A fork's exit status goes to its parent, not to valve, so it says it:
+    # valve tells an exit R chose (quit() in an endpoint) from a kill.
+    exit_now <- function(save = "default", status = 0, runLast = TRUE) {
+      try({
+        writeLines(paste("valve-fork-exit", as.integer(status)), out)
+        flush(out)
+      }, silent = TRUE)
+      parallel:::mcexit(as.integer(status))
+    }
+    for (name in c("quit", "q")) {
+      unlockBinding(name, base)
+      assign(name, exit_now, envir = base)
+      lockBinding(name, base)
+    }
+    # A fork cannot carry a parent-death signal: it checks on valve itself.
+    watchdog <- function() {
+      if (!valve_alive()) tools::pskill(Sys.getpid(), tools::SIGKILL)
+      later::later(watchdog, 1)
+    }
+    later::later(watchdog, 1)
+    on_worker_start()
+    serve(socket, id)
+  }
+
+  # Returns only in a fork, with what `serve` returned; the parent quits when stdin closes.
+  fork_on_demand <- function(serve) {
+    commands <- file("stdin", open = "r")
+    repeat {
+      line <- readLines(commands, n = 1)
+      if (length(line) == 0) quit(save = "no", status = 0)
+      words <- strsplit(line, " ", fixed = TRUE)[[1]]
+      if (length(words) != 4 || words[1] != "fork") next
+      child <- parallel:::mcfork(estranged = TRUE)
+      if (inherits(child, "masterProcess")) {
+        close(commands)
+        return(become_worker(words[2], words[3], words[4], serve))
+      }
+    }
+  }
+
   if (shiny) {
     # Shiny serves a domain socket itself when `port` is a path with a `mask`.
     suppressPackageStartupMessages(library(shiny))
-    socket <- Sys.getenv("VALVE_SOCKET")
+    socket <- Sys.getenv("VALVE_SOCKET", "preload-parent")
     attr(socket, "mask") <- strtoi("077", 8L)
-    on_worker_start()
+    if (identical(mode, "plain")) {
+      on_worker_start()
+    } else {
+      # --preload: runApp() does everything it does before serving (global.R,
+      # R/, app.R's top level: the data it loads) once, here in the parent; at
+      # the point where it starts its server, the parent forks instead, and
+      # each fork starts its own server on its socket and goes on inside
+      # runApp() as a worker. Shiny's own random seed (session tokens) is reset
+      # in each fork.
+      imports <- parent.env(asNamespace("shiny"))
+      start_pipe <- get("startPipeServer", envir = imports)
+      unlockBinding("startPipeServer", imports)
+      assign("startPipeServer", envir = imports, function(name, mask, app) {
+        fork_on_demand(function(socket, id) {
+          assign("ownSeed", NULL, envir = shiny:::.globals)
+          start_pipe(socket, mask, app)
+        })
+      })
+      lockBinding("startPipeServer", imports)
+    }
     shiny::runApp(app_path, port = socket, launch.browser = FALSE, quiet = TRUE)
     quit(save = "no")
   }
@@ -123,78 +215,12 @@ local({
     quit(save = "no")
   }
 
-  # --preload: this process is the parent; it only forks.
-  valve_pid <- Sys.getenv("VALVE_PID")
-  valve_start <- Sys.getenv("VALVE_START_TIME")
-  valve_alive <- function() {
-    stat <- tryCatch(readLines(sprintf("/proc/%s/stat", valve_pid), warn = FALSE), error = function(e) "")
-    fields <- strsplit(sub(".*\\) ", "", stat[1]), " ", fixed = TRUE)[[1]]
-    length(fields) >= 20 && identical(fields[20], valve_start)
-  }
-
-  become_worker <- function(id, socket, fifo, app) {
-    # Output goes to valve through this fork's own channel, pid first.
-    # Opened read-write: unlike a write-only open, that never blocks waiting for a reader.
-    out <- file(fifo, open = "w+", raw = TRUE)
-    writeLines(paste("valve-fork-pid", Sys.getpid()), out)
-    flush(out)
-    sink(out)
-    sink(out, type = "message")
-    Sys.setenv(VALVE_WORKER_ID = id, VALVE_SOCKET = socket)
-    # A fresh individual: R seeds its generator from the time and pid on next use.
-    if (exists(".Random.seed", envir = globalenv(), inherits = FALSE)) {
-      rm(".Random.seed", envir = globalenv())
-    }
-    # Its own temporary directory (tempdir() and tempfile() use it).
-    own_tmp <- file.path(tempdir(), paste0("worker-", id))
-    dir.create(own_tmp, showWarnings = FALSE)
-    base <- baseenv()
-    unlockBinding("tempdir", base)
-    assign("tempdir", function(check = FALSE) own_tmp, envir = base)
-    lockBinding("tempdir", base)
-    Sys.setenv(TMPDIR = own_tmp)
-    # R's own exit sequence can deadlock in a fork (it waits on threads that were
-    # not copied), so quit() and q() end the fork at once.
-    # A fork's exit status goes to its parent, not to valve, so it says it:
-    # valve tells an exit R chose (quit() in an endpoint) from a kill.
-    exit_now <- function(save = "default", status = 0, runLast = TRUE) {
-      try({
-        writeLines(paste("valve-fork-exit", as.integer(status)), out)
-        flush(out)
-      }, silent = TRUE)
-      parallel:::mcexit(as.integer(status))
-    }
-    for (name in c("quit", "q")) {
-      unlockBinding(name, base)
-      assign(name, exit_now, envir = base)
-      lockBinding(name, base)
-    }
-    # A fork cannot carry a parent-death signal: it checks on valve itself.
-    watchdog <- function() {
-      if (!valve_alive()) tools::pskill(Sys.getpid(), tools::SIGKILL)
-      later::later(watchdog, 1)
-    }
-    later::later(watchdog, 1)
-    on_worker_start()
-    if (frames) serve_frames(app, id, warm_up = FALSE) else serve_on_socket(socket, app)
-    exit_now(status = 0)
-  }
-
-  fork_on_demand <- function(app) {
+  run_with(function(app) {
     # Warm up once, here: every fork starts warm and shares what it compiled.
     if (frames) frames_env$valve_warm_up(app)
-    commands <- file("stdin", open = "r")
-    repeat {
-      line <- readLines(commands, n = 1)
-      if (length(line) == 0) quit(save = "no", status = 0)
-      words <- strsplit(line, " ", fixed = TRUE)[[1]]
-      if (length(words) != 4 || words[1] != "fork") next
-      child <- parallel:::mcfork(estranged = TRUE)
-      if (inherits(child, "masterProcess")) {
-        close(commands)
-        become_worker(words[2], words[3], words[4], app)
-      }
-    }
-  }
-  run_with(fork_on_demand)
+    fork_on_demand(function(socket, id) {
+      if (frames) serve_frames(app, id, warm_up = FALSE) else serve_on_socket(socket, app)
+    })
+    quit(save = "no", status = 0)
+  })
 })

@@ -488,6 +488,27 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(pages * rustix::param::page_size() as u64)
 }
 
+/// How long a process's main thread (R's own) has run on a CPU or waited in
+/// a run queue for one, from `/proc/PID/schedstat`: the time R wanted a CPU,
+/// whatever the contention. Without scheduler statistics, the process's user
+/// and system time from `/proc/PID/stat`.
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/schedstat")) {
+        let mut f = s.split_whitespace().map(|v| v.parse::<u64>().ok());
+        if let (Some(Some(run)), Some(Some(wait))) = (f.next(), f.next()) {
+            if run > 0 {
+                return Some(Duration::from_nanos(run.saturating_add(wait)));
+            }
+        }
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces): utime and stime are the 12th and 13th.
+    let mut rest = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+    let ticks = rest.next()?.parse::<u64>().ok()? + rest.next()?.parse::<u64>().ok()?;
+    let per_second = rustix::param::clock_ticks_per_second().max(1);
+    Some(Duration::from_nanos(ticks.saturating_mul(1_000_000_000) / per_second))
+}
+
 /// A process's private memory (not shared with any other process) in bytes.
 pub fn private_bytes(pid: u32) -> Option<u64> {
     let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;

@@ -264,7 +264,7 @@ const BROKEN: &[(&str, &str)] = &[
     ("[[app]]\nfile = \"{api}\"\nn_min = 3\nn_max = 2\n", ":3:9: n_min = 3 is above n_max = 2"),
     ("[[app]]\nfile = \"{api}\"\nmax_age = \"soon\"\n", ":3:11: max_age = \"soon\": not a number of seconds"),
     ("[[app]]\nfile = \"{api}\"\nn_maxx = 2\n", ":3:1: unknown key `n_maxx` in [[app]] (did you mean `n_max`?)"),
-    ("[[app]]\nfile = \"{shiny}\"\npreload = true\n", ":3:11: preload runs plumber APIs only"),
+    ("[[app]]\nfile = \"{shiny}\"\nn_max = 0\n", ":3:9: n_max = 0: must be a whole number from 1 to 100000"),
     (
         "[[app]]\nfile = \"{api}\"\npath = \"/x\"\n[[app]]\nname = \"other\"\nfile = \"{api}\"\npath = \"/x/\"\n",
         ":4:1: path `/x` is already served by app `api` (line 1)",

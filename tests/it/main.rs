@@ -7,6 +7,7 @@ mod fidelity;
 mod guard;
 mod harness;
 mod lifecycle;
+mod placement;
 mod preload;
 mod reliability;
 mod scaling;

@@ -131,7 +131,9 @@ fn get(url: &str) -> (u16, String) {
 fn a_shiny_worker_past_request_timeout_is_replaced() {
     need_program("curl", "curl");
     let app = crate::harness::fixture("shiny_hang");
-    let valve = Valve::start(&["-f", app.to_str().unwrap(), "--request-timeout", "2"]);
+    // Placement by session count: both page loads (new browsers, one right
+    // after the other) go to the first worker, whatever its R is doing.
+    let valve = Valve::start(&["-f", app.to_str().unwrap(), "--request-timeout", "2", "--busy-threshold", "0"]);
     let (_, page) = get(&valve.get("/"));
     let first = served_by(&page);
     let start = std::time::Instant::now();
@@ -148,7 +150,9 @@ fn a_shiny_worker_past_request_timeout_is_replaced() {
 fn a_shiny_worker_past_max_requests_takes_no_new_browsers_and_then_stops() {
     need_program("curl", "curl");
     let app = crate::harness::fixture("shiny_hang");
-    let valve = Valve::start(&["-f", app.to_str().unwrap(), "--max-requests", "3", "-n", "2"]);
+    // Placement by session count: the first three page loads (new browsers in
+    // quick succession) go to the first worker, not to a new one each.
+    let valve = Valve::start(&["-f", app.to_str().unwrap(), "--max-requests", "3", "-n", "2", "--busy-threshold", "0"]);
     let pids: Vec<u32> = (0..3).map(|_| served_by(&get(&valve.get("/")).1)).collect();
     assert!(pids.iter().all(|p| *p == pids[0]), "three page loads on the first worker: {pids:?}");
     let (status, page) = get(&valve.get("/"));
