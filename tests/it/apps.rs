@@ -168,7 +168,7 @@ n_max = 3
         let (valve, done, most) = (valve.clone(), done.clone(), most.clone());
         std::thread::spawn(move || {
             while !done.load(Ordering::Relaxed) {
-                most.fetch_max(valve.r_processes().len(), Ordering::Relaxed);
+                most.fetch_max(valve.workers().len(), Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(20));
             }
         })
@@ -183,7 +183,7 @@ n_max = 3
         }
     };
     burst("a", 3).await;
-    assert_eq!(valve.r_processes().len(), 3);
+    assert_eq!(valve.workers().len(), 3, "the budget counts workers (a preload parent is not one)");
     // ... then b needs more: a's idle worker above its n_min gives way.
     burst("b", 3).await;
     valve.wait_for_log("another app needs its place in the worker budget", Duration::from_secs(5));
@@ -194,7 +194,7 @@ n_max = 3
     done.store(true, Ordering::Relaxed);
     watcher.join().unwrap();
     let most = most.load(Ordering::Relaxed);
-    assert!(most <= 3, "never more than max_workers R processes: saw {most}");
+    assert!(most <= 3, "never more than max_workers R workers: saw {most}");
     assert!(most >= 3, "the budget was used: saw {most}");
 }
 
@@ -425,7 +425,7 @@ async fn reloads_add_change_and_remove_apps_without_failing_a_request() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Old generations wind down: the budget is back to what the apps hold.
-    wait_until("old generations gone", Duration::from_secs(30), || valve.r_processes().len() <= 6);
+    wait_until("old generations gone", Duration::from_secs(30), || valve.workers().len() <= 6);
     stop.store(true, Ordering::Relaxed);
     for (name, task) in [("steady", steady), ("changing", changing)] {
         let (ok, failed) = task.await.unwrap();
