@@ -130,13 +130,15 @@ fn ws_read(ws: &mut BufReader<TcpStream>) -> String {
 }
 
 /// Six sessions that each burn 2 s of CPU arrive at once; once all six have
-/// sent `init`, a seventh arrives. How long it waits for its first output.
-fn seventh_session_wait(extra: &[&str]) -> Duration {
+/// sent `init`, a seventh arrives. How long it waits for its first output, and
+/// over how many workers the seven sessions went.
+fn seventh_session_wait(extra: &[&str]) -> (Duration, usize) {
     need_r_packages(&["shiny"]);
     let app = fixture("shiny_burn");
-    let mut args = vec!["-f", app.to_str().unwrap(), "--no-access-log", "-n", "4"];
+    let mut args = vec!["-f", app.to_str().unwrap(), "-n", "4"];
     args.extend_from_slice(extra);
-    let valve = Valve::start(&args);
+    // Plain workers, as the issue measured, also in the test run with VALVE_PRELOAD=true.
+    let valve = Valve::start_with_env(&args, &[("VALVE_PRELOAD", "false")]);
     let addr = valve.url.trim_start_matches("http://").trim_end_matches('/').to_string();
     let (tx, rx) = mpsc::channel();
     let six: Vec<_> = (0..6)
@@ -153,7 +155,14 @@ fn seventh_session_wait(extra: &[&str]) -> Duration {
     for s in six {
         s.join().expect("a session failed");
     }
-    seventh
+    valve.wait_for_log("path=/websocket/", Duration::from_secs(5));
+    let workers: std::collections::BTreeSet<String> = valve
+        .log()
+        .lines()
+        .filter(|l| l.contains("path=/websocket/") && l.contains("status=101"))
+        .filter_map(|l| l.split("worker=").nth(1)?.split_whitespace().next().map(str::to_string))
+        .collect();
+    (seventh, workers.len())
 }
 
 #[test]
@@ -161,15 +170,25 @@ fn a_seventh_session_behind_six_busy_ones_gets_its_output_far_sooner_than_by_ses
     // Today's rule (--busy-threshold 0): all seven on the one running worker,
     // below --max-sessions 20. Busy-aware: new browsers go to a worker whose R
     // is not busy, and the pool grows to 4 while they wait.
-    let by_count = seventh_session_wait(&["--busy-threshold", "0"]);
-    let busy_aware = seventh_session_wait(&[]);
+    let (by_count, count_workers) = seventh_session_wait(&["--busy-threshold", "0"]);
+    let (busy_aware, aware_workers) = seventh_session_wait(&[]);
     eprintln!(
-        "placement: the 7th session's first output after {by_count:?} by session count, {busy_aware:?} busy-aware"
+        "placement: the 7th session's first output after {by_count:?} by session count (sessions on \
+         {count_workers} worker(s)), {busy_aware:?} busy-aware (on {aware_workers})"
     );
-    assert!(
-        busy_aware.as_secs_f64() < 0.67 * by_count.as_secs_f64(),
-        "busy-aware placement should cut the 7th session's wait by a third at least: {busy_aware:?} vs {by_count:?}"
-    );
+    assert_eq!(count_workers, 1, "by session count, all seven fit on the first worker");
+    assert_eq!(aware_workers, 4, "busy-aware, the pool grew to 4 and the sessions spread");
+    // About 4 s against 15 s when R gets both CPUs; other programs taking one
+    // shrink the gain (10.6 s against 13.3 s seen), hence a loose bound. When
+    // they starve the machine so that the by-count run, 14 s of CPU on one
+    // worker, ends within 12 s of wall time (CPU time is mis-counted), the
+    // times say nothing about placement.
+    if by_count > Duration::from_secs(12) {
+        assert!(
+            busy_aware.as_secs_f64() < 0.85 * by_count.as_secs_f64(),
+            "busy-aware placement should cut the 7th session's wait: {busy_aware:?} vs {by_count:?}"
+        );
+    }
 }
 
 #[test]
