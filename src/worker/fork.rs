@@ -7,7 +7,9 @@
 //! - fork → valve: the FIFO (in the private run directory): its first line is
 //!   `valve-fork-pid PID`, then everything the fork prints (it `sink()`s there),
 //!   so each fork's output is logged under its own id and pid; a fork that
-//!   ends through `quit()` says `valve-fork-exit CODE` last;
+//!   ends through `quit()` says `valve-fork-exit CODE` last, and one that R's
+//!   own handler catches crashing says ` *** caught segfault ***` (or bus
+//!   error, illegal operation) before it re-raises the signal;
 //! - the fork's socket (httpuv), or its connection to valve's worker listener
 //!   (frames), where it answers the readiness probe like any worker.
 //!
@@ -141,8 +143,10 @@ pub(super) struct Fork {
     pid: Option<u32>,
     pidfd: Option<AsyncFd<OwnedFd>>,
     tail: Arc<Tail>,
-    /// The code the fork gave `quit()`, if it said.
-    said_exit: Arc<StdMutex<Option<i32>>>,
+    /// How the fork said it ends: the code it gave `quit()`, or the crash
+    /// signal R's handler reported (a fork is not valve's child: valve cannot
+    /// wait for its status).
+    said_exit: Arc<StdMutex<Option<Exit>>>,
     exit: Option<Exit>,
 }
 
@@ -211,8 +215,8 @@ impl Process for Fork {
             }
             // Its last words on the FIFO may trail the exit by a moment.
             tokio::time::sleep(Duration::from_millis(20)).await;
-            let said = *self.said_exit.lock().unwrap_or_else(|p| p.into_inner());
-            let exit = said.map(Exit::Code).unwrap_or(Exit::Unknown);
+            let said = self.said_exit.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let exit = said.unwrap_or(Exit::Unknown);
             self.exit = Some(exit.clone());
             exit
         })
@@ -265,7 +269,7 @@ async fn fork_output(
     id: WorkerId,
     tail: Arc<Tail>,
     pid_tx: oneshot::Sender<u32>,
-    said_exit: Arc<StdMutex<Option<i32>>>,
+    said_exit: Arc<StdMutex<Option<Exit>>>,
 ) {
     let mut reader = BufReader::new(fifo);
     let mut pid = 0;
@@ -300,13 +304,27 @@ async fn fork_output(
     }
 }
 
-fn handle_line(line: String, id: WorkerId, pid: u32, tail: &Tail, said_exit: &StdMutex<Option<i32>>) {
+fn handle_line(line: String, id: WorkerId, pid: u32, tail: &Tail, said_exit: &StdMutex<Option<Exit>>) {
     if let Some(code) = line.strip_prefix("valve-fork-exit ").and_then(|c| c.trim().parse::<i32>().ok()) {
-        *said_exit.lock().unwrap_or_else(|p| p.into_inner()) = Some(code);
+        *said_exit.lock().unwrap_or_else(|p| p.into_inner()) = Some(Exit::Code(code));
         return;
+    }
+    if let Some(sig) = crash_reported(&line) {
+        said_exit.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(Exit::Signal(sig));
     }
     tracing::info!(target: "valve::worker::output", worker = id, pid, stream = "output", "{line}");
     tail.push(line);
+}
+
+/// The signal of a crash R's own handler reports (R's sigactionSegv prints
+/// ` *** caught segfault ***` and the like, then re-raises the signal).
+fn crash_reported(line: &str) -> Option<i32> {
+    match line.trim() {
+        "*** caught segfault ***" => Some(11),
+        "*** caught bus error ***" => Some(7),
+        "*** caught illegal operation ***" => Some(4),
+        _ => None,
+    }
 }
 
 /// valve's start time in clock ticks since boot (field 22 of /proc/self/stat):

@@ -265,6 +265,30 @@ async fn a_client_that_leaves_mid_request_frees_its_worker() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_request_that_crashes_its_worker_is_not_retried_plain_or_forked() {
+    // A fork is not valve's child, so valve cannot wait for its status: it
+    // learns of the crash from R's own report. Without it a GET that
+    // segfaults R was replayed on a second fork, which crashed the same way.
+    for preload in [false, true] {
+        let mut args = vec!["-f".to_string(), api(), "-n".into(), "2".into(), "--n-min".into(), "2".into()];
+        if preload {
+            args.push("--preload".into());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let valve = Valve::start(&args);
+        let before = valve.workers();
+        assert_eq!(before.len(), 2);
+        let resp = client().get(valve.get("/segfault")).send().await.unwrap();
+        assert_eq!(resp.status(), 502, "preload {preload}");
+        let body = json_error(&resp.text().await.unwrap());
+        assert!(body["error"].as_str().unwrap().contains("ended its R worker"), "preload {preload}: {body}");
+        let dead: Vec<_> = before.iter().filter(|p| !pid_alive(**p)).collect();
+        assert_eq!(dead.len(), 1, "preload {preload}: exactly one worker ended: {before:?}");
+        wait_until("the pool back at n_min", Duration::from_secs(15), || valve.workers().len() == 2);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_request_that_ends_its_worker_is_not_retried_on_another() {
     let valve = Valve::start(&["-f", &api(), "-n", "2", "--n-min", "2"]);
     let before = valve.workers();
