@@ -302,8 +302,12 @@ impl Supervisor {
     }
 
     /// Whether worker `id` is one of this app's (generation's).
-    pub fn owns(&self, id: WorkerId) -> bool {
-        self.with(|app| app.pool.slot(id).is_some()).unwrap_or(false)
+    /// Whether worker `id` is this app's and still serves its sessions (not
+    /// stopping): a browser on an older generation stays there only while its
+    /// worker does, and otherwise goes to the current one (a winding-down
+    /// generation starts no worker for it).
+    pub fn keeps(&self, id: WorkerId) -> bool {
+        self.with(|app| app.pool.slot(id).is_some_and(|s| s.state != State::Stopping)).unwrap_or(false)
     }
 
     pub fn gauges(&self) -> Gauges {

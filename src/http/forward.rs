@@ -325,9 +325,10 @@ impl Forwarder {
         let shiny = app.config.is_shiny();
         let websocket = client_upgrade.is_some();
         let mut wanted = if shiny { self.sticky_worker(&head.headers) } else { None };
-        // A browser whose worker belongs to an older generation (a reload) stays with it.
+        // A browser whose worker belongs to an older generation (a reload)
+        // stays with it while that worker serves sessions.
         let sup: &Arc<Supervisor> = wanted
-            .and_then(|(id, _)| std::iter::once(&app.sup).chain(app.older.iter()).find(|s| s.owns(id)))
+            .and_then(|(id, _)| std::iter::once(&app.sup).chain(app.older.iter()).find(|s| s.keeps(id)))
             .unwrap_or(&app.sup);
         let token = wanted.map(|(_, t)| t).unwrap_or_else(|| self.browsers.fetch_add(1, Ordering::Relaxed));
         let mut replayable = replayable(&head, &payload);
