@@ -619,11 +619,13 @@ impl<W> Pool<W> {
     ///    a worker to finish its work (`cpu_sampled`). When workers with room are
     ///    only busy and nothing starts (the budget across apps is spent), it
     ///    waits for up to `BUSY_PATIENCE`;
-    /// 3. otherwise a worker below `max_sessions` open sessions: one that is
-    ///    not busy first, then the one with the fewest sessions and browsers on
-    ///    their way (under load, browsers whose page waits on a busy R are
-    ///    spread, not stacked on one worker). Browsers on their way no longer
-    ///    hold places then, so page loads that never open a session (a
+    /// 3. otherwise a worker below `max_sessions` open sessions: one with room
+    ///    counting browsers on their way first (busy or not: those browsers
+    ///    are real until they stay away), then one that is not busy, then the
+    ///    one with the fewest sessions and browsers on their way (under load,
+    ///    browsers whose page waits on a busy R are spread, not stacked on one
+    ///    worker). Only when browsers on their way fill every place do they
+    ///    stop holding them, so page loads that never open a session (a
     ///    crawler, an attack) lock nobody out. `None` only when every worker
     ///    holds `max_sessions` open sessions.
     ///
@@ -650,7 +652,7 @@ impl<W> Pool<W> {
                 .slots
                 .iter()
                 .filter(|(_, s)| s.takes_sessions() && s.sessions < max)
-                .min_by_key(|(id, s)| (s.busy(now, threshold), s.load(now), s.sessions, **id))
+                .min_by_key(|(id, s)| (s.load(now) >= max, s.busy(now, threshold), s.load(now), s.sessions, **id))
                 .map(|(id, _)| *id)?,
         };
         let slot = self.slots.get_mut(&id)?;
@@ -1242,6 +1244,32 @@ mod tests {
         let (mut q, t0, ids) = busy_aware(1, 2, 1);
         open_session(&mut q, ids[0], t0, 1);
         assert_eq!(q.pick_for_session(t0, 2, BUSY_PATIENCE * 2), None);
+    }
+
+    #[test]
+    fn past_patience_a_busy_worker_with_a_free_place_beats_a_calm_one_whose_places_are_taken() {
+        // CI's case: worker a took two browsers at once and went quiet while
+        // their pages load; b and c started later and each took one. A fifth
+        // browser that waited past BUSY_PATIENCE belongs on b or c, not on a.
+        let (mut p, t0, ids) = busy_aware(3, 3, 2);
+        let (a, b, c) = (ids[0], ids[1], ids[2]);
+        for token in [1, 2] {
+            p.slots.get_mut(&a).unwrap().pending.push_back(Pending { token, at: t0 });
+        }
+        p.slots.get_mut(&a).unwrap().new_work = Some(t0);
+        let t1 = t0 + Duration::from_secs(5);
+        assert!(!p.slot(a).unwrap().busy(t1, 0.5), "a's new work is old news");
+        for (w, token) in [(b, 3), (c, 4)] {
+            p.slots.get_mut(&w).unwrap().new_work = Some(t1);
+            p.slots.get_mut(&w).unwrap().pending.push_back(Pending { token, at: t1 });
+        }
+        let picked = p.pick_for_session(t1, 5, BUSY_PATIENCE).unwrap();
+        assert_ne!(picked, a, "a's two places are held by browsers on their way");
+        // Only when every place is held by a browser on its way (a crawler's
+        // page loads, say) do those browsers stop holding places.
+        let picked = p.pick_for_session(t1, 6, BUSY_PATIENCE).unwrap();
+        assert_ne!(picked, a);
+        assert!(p.pick_for_session(t1, 7, BUSY_PATIENCE).is_some(), "all held, none open: still placed");
     }
 
     #[test]
