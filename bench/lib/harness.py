@@ -17,6 +17,7 @@ import json
 import math
 import os
 import platform
+import random
 import re
 import shlex
 import shutil
@@ -196,7 +197,34 @@ def open_fds(pid: int) -> int | None:
 # Processes
 
 
+_PORTS_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
+    """A loopback port free now, for a process that will bind it later.
+
+    Taken below the kernel's ephemeral range (net.ipv4.ip_local_port_range),
+    where neither an outgoing connection's source port nor a bind to port 0
+    (valve, wrk, R workers meanwhile) can take it before its process binds it;
+    never the same port twice in one run."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    if ephemeral_low > 12000:
+        rng = random.Random(os.getpid() ^ time.monotonic_ns())
+        for _ in range(500):
+            port = rng.randint(10000, ephemeral_low - 1)
+            if port in _PORTS_GIVEN:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _PORTS_GIVEN.add(port)
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

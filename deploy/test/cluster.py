@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -17,11 +18,9 @@ import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Ports below the ephemeral range, never one twice: bench/lib/harness.py says why.
+sys.path.insert(0, os.path.join(REPO, "bench", "lib"))
+from harness import free_port  # noqa: E402
 
 
 def http_get(url, timeout=5):

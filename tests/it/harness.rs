@@ -393,7 +393,37 @@ impl Drop for Plumber {
     }
 }
 
+/// A loopback port free now, for a process that binds it later: taken below
+/// the kernel's ephemeral range (net.ipv4.ip_local_port_range), where no
+/// outgoing connection's source port and no bind to port 0 (valves and R
+/// workers of tests running meanwhile) can take it first; never the same
+/// port twice in one test run.
 pub fn free_port() -> u16 {
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let ephemeral_low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    if ephemeral_low > 12000 {
+        let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+        let span = ephemeral_low - 10000;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let mut x = (std::process::id() as u64) << 32 ^ now.as_nanos() as u64 | 1;
+        for _ in 0..500 {
+            // xorshift: enough to spread picks; the bind below is the real check.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let port = (10000 + (x % span as u64)) as u16;
+            if given.contains(&port) {
+                continue;
+            }
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                given.push(port);
+                return port;
+            }
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
