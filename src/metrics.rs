@@ -374,7 +374,9 @@ impl Registry {
                 }
             }
         }
-        let histograms: [(&str, &str, fn(&AppMetrics) -> &Histogram); 3] = [
+        /// A histogram family: its name, its help, and where an app keeps it.
+        type Family = (&'static str, &'static str, fn(&AppMetrics) -> &Histogram);
+        let histograms: [Family; 3] = [
             ("valve_request_duration_seconds", "Time from a request's arrival to its answer's head.", |a| {
                 &a.request_duration
             }),

@@ -312,12 +312,11 @@ impl Body for FileBody {
 mod tests {
     use super::*;
 
-    fn chunks(
-        n: usize,
-        size: usize,
-    ) -> http_body_util::StreamBody<
+    type Chunks = http_body_util::StreamBody<
         futures::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, std::convert::Infallible>>>,
-    > {
+    >;
+
+    fn chunks(n: usize, size: usize) -> Chunks {
         let frames: Vec<_> = (0..n).map(|_| Ok(Frame::data(Bytes::from(vec![b'x'; size])))).collect();
         http_body_util::StreamBody::new(futures::stream::iter(frames))
     }
