@@ -114,9 +114,7 @@ impl Payload {
     /// returned value is dropped).
     pub fn spooled_file(&self) -> Option<crate::worker::Spooled> {
         match &self.store {
-            Store::File { path, .. } => {
-                Some(crate::worker::Spooled { path: path.to_path_buf(), keep: path.clone() })
-            }
+            Store::File { path, .. } => Some(crate::worker::Spooled { path: path.to_path_buf(), keep: path.clone() }),
             _ => None,
         }
     }

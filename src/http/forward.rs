@@ -396,7 +396,10 @@ impl Forwarder {
                     tracing::error!(app = %sup.settings.name, worker, error = %e, "worker sent an answer valve cannot read; replacing it");
                     seat.failed(sup, Retire::Broken);
                     sup.metrics.reject(Rejection::WorkerFailed);
-                    return error(StatusCode::BAD_GATEWAY, "the R worker sent an answer valve cannot read; it was replaced");
+                    return error(
+                        StatusCode::BAD_GATEWAY,
+                        "the R worker sent an answer valve cannot read; it was replaced",
+                    );
                 }
                 Err(Fail::Worker(e)) => {
                     let exit = seat.exit_within(EXIT_WAIT).await;

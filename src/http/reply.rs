@@ -4,12 +4,12 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::worker::AnswerBody;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
-use crate::worker::AnswerBody;
 
 use super::body::FileBody;
 

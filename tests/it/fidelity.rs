@@ -20,7 +20,15 @@ struct Case {
 }
 
 fn get(path: &'static str) -> Case {
-    Case { method: Method::GET, path, headers: &[], body: None, ignore_body: false, random_cookie: false, gunzip: false }
+    Case {
+        method: Method::GET,
+        path,
+        headers: &[],
+        body: None,
+        ignore_body: false,
+        random_cookie: false,
+        gunzip: false,
+    }
 }
 
 fn post(path: &'static str, content_type: &'static str, body: &'static [u8]) -> Case {
@@ -28,7 +36,15 @@ fn post(path: &'static str, content_type: &'static str, body: &'static [u8]) -> 
         "json" => &[("content-type", "application/json")],
         _ => &[("content-type", "application/x-www-form-urlencoded")],
     };
-    Case { method: Method::POST, path, headers, body: Some(body), ignore_body: false, random_cookie: false, gunzip: false }
+    Case {
+        method: Method::POST,
+        path,
+        headers,
+        body: Some(body),
+        ignore_body: false,
+        random_cookie: false,
+        gunzip: false,
+    }
 }
 
 /// A POST with its own content type.

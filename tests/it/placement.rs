@@ -173,7 +173,10 @@ fn a_seventh_session_behind_six_busy_ones_gets_its_output_far_sooner_than_by_ses
          {busy_aware:?} on {aware_workers} busy-aware"
     );
     assert_eq!(count_workers, 1, "by session count, all seven sessions fit on the one worker");
-    assert!(aware_workers >= 3, "busy-aware placement grew the pool for sessions behind busy R: {aware_workers} workers");
+    assert!(
+        aware_workers >= 3,
+        "busy-aware placement grew the pool for sessions behind busy R: {aware_workers} workers"
+    );
 }
 
 #[test]

@@ -82,7 +82,8 @@ pub fn parse_head(head: &[u8]) -> Result<AnswerHead<'_>, Garbage> {
     for i in 0..n {
         let name_len = int(8 + 8 * i)? as usize;
         let value_len = int(12 + 8 * i)? as usize;
-        let name = head.get(pos..pos.saturating_add(name_len)).ok_or_else(|| Garbage("header name past the end".into()))?;
+        let name =
+            head.get(pos..pos.saturating_add(name_len)).ok_or_else(|| Garbage("header name past the end".into()))?;
         pos += name_len;
         let value =
             head.get(pos..pos.saturating_add(value_len)).ok_or_else(|| Garbage("header value past the end".into()))?;
@@ -218,8 +219,7 @@ mod tests {
             // A count of headers far past the bytes.
             [200i32.to_be_bytes(), u32::MAX.to_be_bytes()].concat(),
             // Lengths past the end.
-            [&200i32.to_be_bytes()[..], &1u32.to_be_bytes(), &u32::MAX.to_be_bytes(), &u32::MAX.to_be_bytes()]
-                .concat(),
+            [&200i32.to_be_bytes()[..], &1u32.to_be_bytes(), &u32::MAX.to_be_bytes(), &u32::MAX.to_be_bytes()].concat(),
         ] {
             assert!(parse_head(&bad).is_err(), "{bad:?}");
         }

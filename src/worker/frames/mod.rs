@@ -263,8 +263,12 @@ impl FrameConnector {
         let mut pid_rx = self.pid_rx.clone();
         let root = pid_rx.wait_for(Option::is_some).await.ok().and_then(|p| *p);
         if !root.is_some_and(|root| same_or_descendant(hello.pid, root)) {
-            tracing::error!(worker = self.id, hello_pid = hello.pid, expected_pid = root,
-                "a hello with this worker's id came from another process; ignored");
+            tracing::error!(
+                worker = self.id,
+                hello_pid = hello.pid,
+                expected_pid = root,
+                "a hello with this worker's id came from another process; ignored"
+            );
             return Err(io::Error::other("the hello came from another process"));
         }
         let link = Link::start(hello.stream, self.id, hello.pid);
@@ -401,8 +405,7 @@ async fn outgoing(req: http::Request<WireBody>) -> Result<Outgoing, SendError> {
         remote_port: &remote_port,
     };
     let head = head::encode(&rook, &parts.headers);
-    let header =
-        FrameHeader { kind: answer::REQUEST, flags, head_len: head.len() as u32, body_len: body.len() as u64 };
+    let header = FrameHeader { kind: answer::REQUEST, flags, head_len: head.len() as u32, body_len: body.len() as u64 };
     let mut frame = Vec::with_capacity(HEADER_LEN + head.len() + body.len());
     frame.extend_from_slice(&header.bytes());
     frame.extend_from_slice(&head);
@@ -522,7 +525,11 @@ async fn exchange(
         Err(Garbage(what)) => return garbage(reply, what),
     };
     if h.flags & answer::LOOP_ERROR != 0 {
-        tracing::warn!(worker = id, pid, "the worker's request loop failed on a request (its output says why); answered 500");
+        tracing::warn!(
+            worker = id,
+            pid,
+            "the worker's request loop failed on a request (its output says why); answered 500"
+        );
     }
 
     // An answer naming a file: the path is the body.

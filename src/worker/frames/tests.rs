@@ -10,7 +10,8 @@ use super::*;
 
 fn hello(id: &str, pid: u32, token: &str) -> Vec<u8> {
     let head = format!("valve-frames/1\n{id}\n{pid}\n{token}\n");
-    let mut out = FrameHeader { kind: answer::HELLO, flags: 0, head_len: head.len() as u32, body_len: 0 }.bytes().to_vec();
+    let mut out =
+        FrameHeader { kind: answer::HELLO, flags: 0, head_len: head.len() as u32, body_len: 0 }.bytes().to_vec();
     out.extend(head.as_bytes());
     out
 }
@@ -27,10 +28,9 @@ fn answer_frame(flags: u8, status: i32, headers: &[(&str, &str)], body: &[u8]) -
         head.extend(n.as_bytes());
         head.extend(v.as_bytes());
     }
-    let mut out =
-        FrameHeader { kind: answer::ANSWER, flags, head_len: head.len() as u32, body_len: body.len() as u64 }
-            .bytes()
-            .to_vec();
+    let mut out = FrameHeader { kind: answer::ANSWER, flags, head_len: head.len() as u32, body_len: body.len() as u64 }
+        .bytes()
+        .to_vec();
     out.extend(head);
     out.extend(body);
     out
@@ -74,7 +74,11 @@ async fn fake_worker(
     })
 }
 
-async fn ready(hub: &FrameHub, id: WorkerId, answer: impl FnMut(FrameHeader, Vec<u8>, Vec<u8>) -> Vec<u8> + Send + 'static) -> (FrameConnector, Conn) {
+async fn ready(
+    hub: &FrameHub,
+    id: WorkerId,
+    answer: impl FnMut(FrameHeader, Vec<u8>, Vec<u8>) -> Vec<u8> + Send + 'static,
+) -> (FrameConnector, Conn) {
     let connector = hub.connector(id);
     connector.expect_pid(std::process::id());
     let _worker = fake_worker(hub, &id.to_string(), answer).await;
