@@ -213,9 +213,8 @@ def free_port() -> int:
     except (OSError, ValueError, IndexError):
         ephemeral_low = 32768
     if ephemeral_low > 12000:
-        rng = random.Random(os.getpid() ^ time.monotonic_ns())
         for _ in range(500):
-            port = rng.randint(10000, ephemeral_low - 1)
+            port = random.randint(10000, ephemeral_low - 1)
             if port in _PORTS_GIVEN:
                 continue
             with socket.socket() as s:

@@ -652,7 +652,7 @@ impl<W> Pool<W> {
                 .slots
                 .iter()
                 .filter(|(_, s)| s.takes_sessions() && s.sessions < max)
-                .min_by_key(|(id, s)| (s.load(now) >= max, s.busy(now, threshold), s.load(now), s.sessions, **id))
+                .min_by_key(|(id, s)| (!has_room(s), s.busy(now, threshold), s.load(now), s.sessions, **id))
                 .map(|(id, _)| *id)?,
         };
         let slot = self.slots.get_mut(&id)?;

@@ -1,6 +1,8 @@
 //! Starts the real `valve` binary (and plain plumber processes to compare with),
 //! waits for readiness against named deadlines, and cleans up when dropped.
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -406,15 +408,10 @@ pub fn free_port() -> u16 {
         .unwrap_or(32768);
     if ephemeral_low > 12000 {
         let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
-        let span = ephemeral_low - 10000;
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let mut x = (std::process::id() as u64) << 32 ^ now.as_nanos() as u64 | 1;
-        for _ in 0..500 {
-            // xorshift: enough to spread picks; the bind below is the real check.
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let port = (10000 + (x % span as u64)) as u16;
+        let span = u64::from(ephemeral_low - 10000);
+        for attempt in 0..500u32 {
+            // std's randomly keyed hasher as the dice: the bind below is the real check.
+            let port = (10000 + RandomState::new().hash_one(attempt) % span) as u16;
             if given.contains(&port) {
                 continue;
             }
