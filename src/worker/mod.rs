@@ -53,6 +53,25 @@ const LAUNCHER: &str = include_str!("launcher.R");
 /// The frames request loop the launcher sources (bench/r-loop measured it).
 const LOOP: &str = include_str!("loop.R");
 
+/// What valve adds to glibc's tunables in every R process it starts: malloc
+/// asks the kernel for transparent huge pages (honoured when the kernel's THP
+/// mode is `madvise`, the default of many distributions; a no-op under
+/// `always` or `never`, or before glibc 2.35). R's heap then takes fewer TLB
+/// misses: ~5 % less R CPU on plumber's request path for ~1 % more memory
+/// (bench/r-cost; PSS unchanged with --preload, whose forks split the pages).
+const HUGE_PAGES: &str = "glibc.malloc.hugetlb=1";
+
+/// The workers' GLIBC_TUNABLES given the value they would inherit: the
+/// user's own `glibc.malloc.hugetlb` choice stands (`=0` turns this off);
+/// otherwise `HUGE_PAGES` is added to whatever else they set.
+fn glibc_tunables(inherited: Option<&str>) -> Option<String> {
+    match inherited.map(str::trim) {
+        Some(t) if t.split(':').any(|kv| kv.trim().starts_with("glibc.malloc.hugetlb=")) => None,
+        Some(t) if !t.is_empty() => Some(format!("{t}:{HUGE_PAGES}")),
+        _ => Some(HUGE_PAGES.to_string()),
+    }
+}
+
 /// How often a starting worker's socket is probed.
 const PROBE_EVERY: Duration = Duration::from_millis(2);
 
@@ -261,6 +280,13 @@ impl Spec {
             .kill_on_drop(true);
         if let Some(hub) = &self.frames {
             cmd.envs(hub.env());
+        }
+        let inherited = match self.env.iter().rev().find(|(k, _)| k == "GLIBC_TUNABLES") {
+            Some((_, v)) => Some(v.clone()),
+            None => std::env::var("GLIBC_TUNABLES").ok(),
+        };
+        if let Some(tunables) = glibc_tunables(inherited.as_deref()) {
+            cmd.env("GLIBC_TUNABLES", tunables);
         }
         let parent = std::process::id();
         // SAFETY: only async-signal-safe calls (raw prctl, getppid and _exit
@@ -518,4 +544,22 @@ pub fn private_bytes(pid: u32) -> Option<u64> {
         .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         .sum();
     Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glibc_tunables;
+
+    #[test]
+    fn workers_ask_for_huge_pages_unless_the_user_chose() {
+        assert_eq!(glibc_tunables(None).as_deref(), Some("glibc.malloc.hugetlb=1"));
+        assert_eq!(glibc_tunables(Some("")).as_deref(), Some("glibc.malloc.hugetlb=1"));
+        assert_eq!(
+            glibc_tunables(Some("glibc.malloc.arena_max=2")).as_deref(),
+            Some("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"),
+            "the user's other tunables are kept"
+        );
+        assert_eq!(glibc_tunables(Some("glibc.malloc.hugetlb=0")), None, "=0 turns it off");
+        assert_eq!(glibc_tunables(Some("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=2")), None);
+    }
 }

@@ -150,3 +150,52 @@ async fn logs_written_to_a_pipe_carry_no_colour_codes() {
     valve.wait_for_log("path=/pid", Duration::from_secs(5));
     assert!(!valve.log().contains('\u{1b}'), "ANSI escapes in a piped log:\n{}", valve.log());
 }
+
+/// The kernel's transparent-huge-page mode, the bracketed word of
+/// `always [madvise] never`.
+fn thp_mode() -> String {
+    let text = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    text.split('[').nth(1).and_then(|s| s.split(']').next()).unwrap_or("never").to_string()
+}
+
+fn anon_huge_kb(pid: u32) -> u64 {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    rollup
+        .lines()
+        .find(|l| l.starts_with("AnonHugePages:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// valve asks glibc's malloc for transparent huge pages in every R process it
+/// starts (less R CPU per request, bench/r-cost), keeps the user's other
+/// tunables, and leaves a user's own `glibc.malloc.hugetlb` alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn workers_ask_for_huge_pages_unless_the_user_said_otherwise() {
+    let api = fixture("api.R");
+    let tunables = |valve: &Valve| {
+        let url = valve.get("/env?name=GLIBC_TUNABLES");
+        async move {
+            let body: serde_json::Value = client().get(url).send().await.unwrap().json().await.unwrap();
+            body["value"][0].as_str().unwrap_or("(unset)").to_string()
+        }
+    };
+
+    let valve =
+        Valve::start_with_env(&["-f", api.to_str().unwrap()], &[("GLIBC_TUNABLES", "glibc.malloc.arena_max=4")]);
+    assert_eq!(tunables(&valve).await, "glibc.malloc.arena_max=4:glibc.malloc.hugetlb=1");
+    if thp_mode() == "madvise" {
+        // R's heap got huge pages (a fork of a preload parent splits the
+        // parent's on its first writes, so look at the parent there).
+        let pid = valve.preload_parent().unwrap_or_else(|| valve.workers()[0]);
+        assert!(anon_huge_kb(pid) > 0, "no transparent huge pages in R process {pid}");
+    }
+    drop(valve);
+
+    let valve = Valve::start_with_env(&["-f", api.to_str().unwrap()], &[("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")]);
+    assert_eq!(tunables(&valve).await, "glibc.malloc.hugetlb=0", "the user's choice stands");
+    if thp_mode() == "madvise" {
+        let pid = valve.preload_parent().unwrap_or_else(|| valve.workers()[0]);
+        assert_eq!(anon_huge_kb(pid), 0, "huge pages in R process {pid} though the user turned them off");
+    }
+}
