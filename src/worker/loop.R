@@ -353,19 +353,39 @@
   (hi + (hi < 0L) * 4294967296) * 4294967296 + lo + (lo < 0L) * 4294967296
 }
 
-# Reads exactly n bytes; a short read means valve went away mid-frame.
+# Reads exactly n bytes. The connection is non-blocking, so a read is one
+# recv() (R's blocking sockets select() before every read): bytes of the
+# frame that have not arrived yet are waited for in .valve_read_rest().
 .valve_read <- function(con, n) {
   if (n < 0L) n <- n + 4294967296  # a u32 length past 2^31 arrives negative
   if (n == 0) return(raw(0))
   x <- readBin(con, raw(), n)
-  if (length(x) != n) stop("connection to valve closed mid-frame")
-  x
+  if (length(x) == n) return(x)
+  .valve_read_rest(con, n, x)
 }
 
-# The worker connects to valve (it never listens): blocking, binary, and
-# TCP_NODELAY so that an answer's segments never wait for valve's ACK.
+# The rest of n bytes after a short read `x`. A read that stopped for want of
+# data leaves the connection "incomplete"; one that stopped at EOF does not:
+# valve went away mid-frame.
+.valve_read_rest <- function(con, n, x) {
+  parts <- list(x)
+  got <- length(x)
+  repeat {
+    if (!isIncomplete(con)) stop("connection to valve closed mid-frame")
+    socketSelect(list(con), FALSE, .valve_frame$SOCKET_TIMEOUT)
+    x <- readBin(con, raw(), n - got)
+    got <- got + length(x)
+    parts[[length(parts) + 1L]] <- x
+    if (got == n) return(unlist(parts, use.names = FALSE))
+  }
+}
+
+# The worker connects to valve (it never listens): binary, TCP_NODELAY so that
+# an answer's segments never wait for valve's ACK, and non-blocking for reads
+# (see .valve_read; R waits for a non-blocking socket to take each write, so
+# writes still block, bounded by the timeout).
 .valve_connect <- function(host, port) {
-  socketConnection(host = host, port = port, server = FALSE, blocking = TRUE, open = "r+b",
+  socketConnection(host = host, port = port, server = FALSE, blocking = FALSE, open = "r+b",
                    timeout = .valve_frame$SOCKET_TIMEOUT, options = "no-delay")
 }
 
@@ -440,7 +460,7 @@ valve_warm_up <- function(app, rounds = 3L) {
   # The loop's I/O helpers cannot run before valve is connected; without this
   # R's JIT compiles them on the first frame (15-30 ms).
   env <- environment(valve_warm_up)
-  for (f in c(".valve_serve", ".valve_recover", ".valve_wait_readable", ".valve_read", ".valve_u64",
+  for (f in c(".valve_serve", ".valve_recover", ".valve_wait_readable", ".valve_read", ".valve_read_rest", ".valve_u64",
               ".valve_hello", ".valve_connect")) {
     assign(f, compiler::cmpfun(get(f, envir = env)), envir = env)
   }
@@ -481,9 +501,15 @@ valve_serve_frames <- function(app, port, token, worker_id, host = "127.0.0.1", 
   repeat {
     .valve_wait_readable(con, lt)
     # The 16-byte header as 4 big-endian ints: type and flags in the first.
-    h <- readBin(con, "integer", 4L, endian = "big")
-    if (length(h) == 0L) return(TRUE)  # EOF: valve closed the connection; the worker ends
-    if (length(h) != 4L) stop("connection to valve closed mid-frame")
+    hdr <- readBin(con, raw(), 16L)
+    if (length(hdr) != 16L) {
+      if (length(hdr) == 0L) {
+        if (!isIncomplete(con)) return(TRUE)  # EOF: valve closed the connection; the worker ends
+        next  # readable, yet nothing to read: wait again
+      }
+      hdr <- .valve_read_rest(con, 16L, hdr)
+    }
+    h <- readBin(hdr, "integer", 4L, endian = "big")
     type <- h[1L] %/% 16777216L
     head <- .valve_read(con, h[2L])
     body <- .valve_read(con, if (h[3L] == 0L) h[4L] else .valve_u64(h[3L], h[4L]))
