@@ -402,15 +402,17 @@ def ready_info(out: Path) -> dict | None:
 
 
 def start_valve(procs: Procs, valve_bin: Path, name: str, n_max: int, n_min: int,
-                api: Path = EXAMPLE_API, extra: list[str] = (), stderr_pipe: bool = False) -> Proc:
-    """valve on a port it picks itself (-p 0); ready when it prints its ready line."""
+                api: Path = EXAMPLE_API, extra: list[str] = (), stderr_pipe: bool = False,
+                env_extra: dict[str, str] | None = None) -> Proc:
+    """valve on a port it picks itself (-p 0); ready when it prints its ready line.
+    `env_extra`: variables set in valve's environment on top of this process's."""
     out = procs.workdir / f"{name}.stdout"
     argv = [str(valve_bin), "-f", str(api), "-n", str(n_max), "--n-min", str(n_min),
             "--host", "127.0.0.1", "-p", "0", *extra]
     # info keeps worker starts and exits and the signal that stopped valve (the
     # log tail shows them if it dies during a run); the per-request access log
     # is off, like nginx's `access_log off` here.
-    env = dict(os.environ)
+    env = dict(os.environ, **(env_extra or {}))
     env.setdefault("VALVE_LOG", VALVE_LOG)
     p = procs.spawn(name, argv, env=env, stdout_path=out, stderr_pipe=stderr_pipe)
     p.argv = argv

@@ -181,21 +181,24 @@ async fn workers_ask_for_huge_pages_unless_the_user_said_otherwise() {
         }
     };
 
+    // Where R's heap is: a fork of a preload parent splits the parent's huge
+    // pages on its first writes, so look at the parent there.
+    let heap_pid = |valve: &Valve| valve.preload_parent().unwrap_or_else(|| valve.workers()[0]);
+    let madvise = thp_mode() == "madvise";
+
     let valve =
         Valve::start_with_env(&["-f", api.to_str().unwrap()], &[("GLIBC_TUNABLES", "glibc.malloc.arena_max=4")]);
     assert_eq!(tunables(&valve).await, "glibc.malloc.arena_max=4:glibc.malloc.hugetlb=1");
-    if thp_mode() == "madvise" {
-        // R's heap got huge pages (a fork of a preload parent splits the
-        // parent's on its first writes, so look at the parent there).
-        let pid = valve.preload_parent().unwrap_or_else(|| valve.workers()[0]);
+    if madvise {
+        let pid = heap_pid(&valve);
         assert!(anon_huge_kb(pid) > 0, "no transparent huge pages in R process {pid}");
     }
     drop(valve);
 
     let valve = Valve::start_with_env(&["-f", api.to_str().unwrap()], &[("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")]);
     assert_eq!(tunables(&valve).await, "glibc.malloc.hugetlb=0", "the user's choice stands");
-    if thp_mode() == "madvise" {
-        let pid = valve.preload_parent().unwrap_or_else(|| valve.workers()[0]);
+    if madvise {
+        let pid = heap_pid(&valve);
         assert_eq!(anon_huge_kb(pid), 0, "huge pages in R process {pid} though the user turned them off");
     }
 }
