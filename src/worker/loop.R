@@ -57,6 +57,56 @@
 .valve_answer_word <- function(flags) .valve_frame$ANSWER * 16777216L + flags * 65536L
 
 # ---------------------------------------------------------------------------
+# Binary I/O
+
+# The loop's reads, writes and request decoding. readBin(), writeBin() and
+# unserialize() check their arguments in R on every call (~3 us each, six
+# calls a request: 1-2 % of a fast call, measured in instructions); the loop
+# always passes the same kinds of arguments, so it calls R's internal
+# functions underneath them directly. Their signatures have not changed since
+# R 2.x; they are checked once here, and if a future R changed them the
+# exported functions serve instead (same results, a little slower).
+#   raw(con, n)    up to n bytes from a connection (or raw vector)
+#   ints(x, n)     n big-endian int32 from raw x
+#   be(x)          integers -> big-endian bytes
+#   send(x, con)   raw x to the connection
+#   object(x)      unserialize(x)
+.valve_io_internal <- local({
+  swap <- .Platform$endian != "big"
+  list(
+    raw = function(con, n) .Internal(readBin(con, "raw", n, NA_integer_, TRUE, FALSE)),
+    ints = function(x, n) .Internal(readBin(x, "integer", n, NA_integer_, TRUE, swap)),
+    be = function(x) .Internal(writeBin(x, raw(), NA_integer_, swap, FALSE)),
+    send = function(x, con) .Internal(writeBin(x, con, NA_integer_, FALSE, FALSE)),
+    object = function(x) .Internal(unserialize(x, NULL))
+  )
+})
+
+.valve_io_exported <- list(
+  raw = function(con, n) readBin(con, raw(), n),
+  ints = function(x, n) readBin(x, "integer", n, endian = "big"),
+  be = function(x) writeBin(x, raw(), endian = "big"),
+  send = function(x, con) writeBin(x, con),
+  object = function(x) unserialize(x)
+)
+
+# Whether an I/O set does what the loop needs, on known bytes.
+.valve_io_works <- function(io) {
+  bytes <- as.raw(c(0, 0, 1, 2, 255, 255, 255, 254, 9))
+  sink <- rawConnection(raw(0), "wb")
+  ok <- tryCatch({
+    io$send(bytes[1:3], sink)
+    identical(io$raw(bytes, 2L), bytes[1:2]) && identical(io$ints(bytes, 2L), c(258L, -2L)) &&
+      identical(io$be(c(258L, -2L)), bytes[1:8]) && identical(rawConnectionValue(sink), bytes[1:3]) &&
+      identical(io$object(serialize(list(a = 1L), NULL, xdr = TRUE, version = 2L)), list(a = 1L))
+  }, error = function(e) FALSE)
+  close(sink)
+  isTRUE(ok)
+}
+
+.valve_io <- if (.valve_io_works(.valve_io_internal)) .valve_io_internal else .valve_io_exported
+
+# ---------------------------------------------------------------------------
 # Request: frame -> Rook environment
 
 # The fixed fields every head starts with, in this order (PROTOCOL.md).
@@ -117,7 +167,7 @@
 # CONTENT_TYPE, CONTENT_LENGTH) already in it. Measured cheapest in R (one C
 # call builds the whole environment).
 .valve_decode_rdsenv <- function(head) {
-  req <- unserialize(head)
+  req <- .valve_io$object(head)
   if (!is.environment(req)) stop("malformed request head")
   req
 }
@@ -177,16 +227,14 @@
     body <- as.raw(body)
   }
   bl <- length(body)
-  # The frame header, the status, the count and the lengths: one writeBin().
+  # The frame header, the status, the count and the lengths: one conversion.
   hi <- 0L
   if (bl >= 2147483648) {  # 2 GiB and more: u64 body length (never in practice)
     hi <- as.integer(bl %/% 4294967296)
     lo <- bl - hi * 4294967296
     bl <- as.integer(if (lo >= 2147483648) lo - 4294967296 else lo)
   }
-  c(writeBin(c(.valve_answer_word(flags), 8L + 8L * n + length(blob), hi, bl, status, n, lens), raw(),
-             endian = "big"),
-    blob, body)
+  c(.valve_io$be(c(.valve_answer_word(flags), 8L + 8L * n + length(blob), hi, bl, status, n, lens)), blob, body)
 }
 
 # httpuv's answer to an R error in the app (rookCall's on_error()).
@@ -359,7 +407,7 @@
 .valve_read <- function(con, n) {
   if (n < 0L) n <- n + 4294967296  # a u32 length past 2^31 arrives negative
   if (n == 0) return(raw(0))
-  x <- readBin(con, raw(), n)
+  x <- .valve_io$raw(con, n)
   if (length(x) == n) return(x)
   .valve_read_rest(con, n, x)
 }
@@ -373,7 +421,7 @@
   repeat {
     if (!isIncomplete(con)) stop("connection to valve closed mid-frame")
     socketSelect(list(con), FALSE, .valve_frame$SOCKET_TIMEOUT)
-    x <- readBin(con, raw(), n - got)
+    x <- .valve_io$raw(con, n - got)
     got <- got + length(x)
     parts[[length(parts) + 1L]] <- x
     if (got == n) return(unlist(parts, use.names = FALSE))
@@ -464,6 +512,7 @@ valve_warm_up <- function(app, rounds = 3L) {
               ".valve_hello", ".valve_connect")) {
     assign(f, compiler::cmpfun(get(f, envir = env)), envir = env)
   }
+  assign(".valve_io", lapply(get(".valve_io", envir = env), compiler::cmpfun), envir = env)
   proc.time()[["elapsed"]] - t0
 }
 
@@ -498,10 +547,11 @@ valve_serve_frames <- function(app, port, token, worker_id, host = "127.0.0.1", 
 # Serves frames until EOF (returns TRUE). Errors propagate to valve_serve_frames().
 .valve_serve <- function(con, app, ctx, lt, st) {
   F <- .valve_frame
+  io <- .valve_io
   repeat {
     .valve_wait_readable(con, lt)
     # The 16-byte header as 4 big-endian ints: type and flags in the first.
-    hdr <- readBin(con, raw(), 16L)
+    hdr <- io$raw(con, 16L)
     if (length(hdr) != 16L) {
       if (length(hdr) == 0L) {
         if (!isIncomplete(con)) return(TRUE)  # EOF: valve closed the connection; the worker ends
@@ -509,7 +559,7 @@ valve_serve_frames <- function(app, port, token, worker_id, host = "127.0.0.1", 
       }
       hdr <- .valve_read_rest(con, 16L, hdr)
     }
-    h <- readBin(hdr, "integer", 4L, endian = "big")
+    h <- io$ints(hdr, 4L)
     type <- h[1L] %/% 16777216L
     head <- .valve_read(con, h[2L])
     body <- .valve_read(con, if (h[3L] == 0L) h[4L] else .valve_u64(h[3L], h[4L]))
@@ -517,10 +567,9 @@ valve_serve_frames <- function(app, port, token, worker_id, host = "127.0.0.1", 
       st$active <- TRUE
       answer <- .valve_request(app, ctx, head, body, (h[1L] %/% 65536L) %% 2L == 1L, st)
       st$active <- FALSE
-      writeBin(answer, con)  # one write: the whole answer frame leaves at once
+      io$send(answer, con)  # one write: the whole answer frame leaves at once
     } else if (type == F$PING) {
-      writeBin(c(as.raw(c(F$PONG, 0L, 0L, 0L)), writeBin(c(length(head) + 4L, 0L, 0L), raw(), endian = "big"),
-                 head, writeBin(Sys.getpid(), raw(), endian = "big")), con)
+      io$send(c(as.raw(c(F$PONG, 0L, 0L, 0L)), io$be(c(length(head) + 4L, 0L, 0L)), head, io$be(Sys.getpid())), con)
     } else {
       stop("unknown frame type ", type, " from valve")
     }
@@ -533,6 +582,6 @@ valve_serve_frames <- function(app, port, token, worker_id, host = "127.0.0.1", 
   if (!isTRUE(st$active)) stop(e)
   st$active <- FALSE
   .valve_close_input(st)
-  writeBin(.valve_failed(e, st$stage), con)
+  .valve_io$send(.valve_failed(e, st$stage), con)
   FALSE
 }
