@@ -305,7 +305,7 @@
 }
 
 # Runs one request frame through the app; returns the ANSWER frame (raw). It
-# has no tryCatch() of its own (one costs ~40k instructions, a tenth of the
+# has no tryCatch() of its own (one costs ~40k instructions, a seventh of the
 # loop's whole cost): an error unwinds to the caller's handler, which answers
 # with .valve_failed(e, st$stage).
 .valve_request <- function(app, ctx, head, body, body_is_file, st) {
