@@ -106,6 +106,11 @@
 
 .valve_io <- if (.valve_io_works(.valve_io_internal)) .valve_io_internal else .valve_io_exported
 
+# A frame of `type` with a head and no body, no flags (HELLO, PONG).
+.valve_head_frame <- function(type, head) {
+  c(as.raw(c(type, 0L, 0L, 0L)), .valve_io$be(c(length(head), 0L, 0L)), head)
+}
+
 # ---------------------------------------------------------------------------
 # Request: frame -> Rook environment
 
@@ -441,8 +446,7 @@
   fields <- c(.valve_frame$PROTOCOL, as.character(worker_id), as.character(Sys.getpid()), token)
   if (any(grepl("\n", fields, fixed = TRUE))) stop("worker id and token must not hold a newline")
   head <- charToRaw(paste0(fields, "\n", collapse = ""))
-  writeBin(c(as.raw(c(.valve_frame$HELLO, 0L, 0L, 0L)), writeBin(c(length(head), 0L, 0L), raw(), endian = "big"),
-             head), con)
+  .valve_io$send(.valve_head_frame(.valve_frame$HELLO, head), con)
 }
 
 # ---------------------------------------------------------------------------
@@ -569,7 +573,7 @@ valve_serve_frames <- function(app, port, token, worker_id, host = "127.0.0.1", 
       st$active <- FALSE
       io$send(answer, con)  # one write: the whole answer frame leaves at once
     } else if (type == F$PING) {
-      io$send(c(as.raw(c(F$PONG, 0L, 0L, 0L)), io$be(c(length(head) + 4L, 0L, 0L)), head, io$be(Sys.getpid())), con)
+      io$send(.valve_head_frame(F$PONG, c(head, io$be(Sys.getpid()))), con)
     } else {
       stop("unknown frame type ", type, " from valve")
     }
