@@ -107,6 +107,12 @@ def machine_busy_ticks() -> int:
     return user + nice + system + irq + softirq + steal
 
 
+def machine_idle_ticks() -> int:
+    """CPU ticks every CPU spent idle (idle + iowait), from /proc/stat."""
+    f = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    return int(f[3]) + int(f[4])
+
+
 class NoiseMeter:
     """How much CPU processes outside the benchmark used while it measured:
     the machine's busy ticks minus the ticks of this script, the children it
