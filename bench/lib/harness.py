@@ -100,17 +100,21 @@ def cpu_ticks(pid: int) -> int:
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def machine_busy_ticks() -> int:
-    """CPU ticks every CPU spent not idle, from /proc/stat."""
+def _machine_ticks() -> tuple[int, int]:
+    """CPU ticks all CPUs spent (busy, idle + iowait), from /proc/stat."""
     f = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
     user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in f[:8])
-    return user + nice + system + irq + softirq + steal
+    return user + nice + system + irq + softirq + steal, idle + iowait
+
+
+def machine_busy_ticks() -> int:
+    """CPU ticks every CPU spent not idle, from /proc/stat."""
+    return _machine_ticks()[0]
 
 
 def machine_idle_ticks() -> int:
     """CPU ticks every CPU spent idle (idle + iowait), from /proc/stat."""
-    f = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    return int(f[3]) + int(f[4])
+    return _machine_ticks()[1]
 
 
 class NoiseMeter:
