@@ -98,6 +98,8 @@ def cpu_ticks(pid: int) -> int:
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# The CPUs this machine has (every CPU figure in the benchmarks counts them).
+NCPU = os.cpu_count() or 1
 
 
 def _machine_ticks() -> tuple[int, int]:
@@ -564,7 +566,7 @@ def machine_info(valve_bin: Path | None, want: tuple[str, ...] = ("nginx", "wrk"
                            capture_output=True, text=True).stdout.strip()
     info = {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "nproc": str(os.cpu_count()),
+        "nproc": str(NCPU),
         "cpu": cpu,
         "memory": _mem_total(),
         "kernel": platform.release(),
