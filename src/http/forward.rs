@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::body::{read_whole, Payload, ReadError};
+use super::identity::strip_client_identity;
 use super::reply::{error, redirect, ReplyBody};
 use super::router::Mounted;
 use crate::app::{Lease, Retire, Sticky, Supervisor, Unavailable, WorkerId};
@@ -639,7 +640,8 @@ fn under_prefix(headers: &mut HeaderMap, prefix: &str) {
 }
 
 /// The request as the worker receives it: origin-form target inside the app,
-/// no hop-by-hop headers, the body's real length, `X-Forwarded-*` added (the
+/// no hop-by-hop headers, no identity headers a client sent (no client names
+/// itself a user), the body's real length, `X-Forwarded-*` added (the
 /// client's own `X-Forwarded-For` is kept and appended to, never taken as the
 /// peer address; `-Proto` and `-Host` are set only when absent: an outer proxy
 /// knows better).
@@ -658,6 +660,10 @@ fn worker_head(
     let uri = target.parse().unwrap_or_else(|_| Uri::from_static("/"));
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
+    let spoofed = strip_client_identity(&mut headers);
+    if !spoofed.is_empty() {
+        tracing::debug!(peer = %peer, headers = ?spoofed, "identity headers from a client removed");
+    }
     let ip = peer.ip().to_string();
     let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
         Some(prior) if !prior.trim().is_empty() => format!("{prior}, {ip}"),

@@ -1,9 +1,11 @@
 //! HTTP in front of the apps: the listener and its drain (`server`), which
 //! app a request goes to (`router`), the one forwarding loop (`forward`),
-//! bodies held whole (`body`), and what goes back to clients (`reply`).
+//! bodies held whole (`body`), what goes back to clients (`reply`), and
+//! the identity headers no client may set (`identity`).
 
 pub mod body;
 pub mod forward;
+pub mod identity;
 pub mod reply;
 pub mod router;
 pub mod server;

@@ -1,5 +1,5 @@
 // Drives Shiny's own example apps through valve in Debian's headless chromium.
-// Usage: node shiny.mjs hello|upload|download|survive|keep VALVE_URL [SESSIONS]
+// Usage: node shiny.mjs hello|upload|download|survive|keep|whoami VALVE_URL [SESSIONS]
 // Prints JSON lines with what it saw; exits non-zero when a check fails.
 // `survive` prints {"ready":true}, waits for a line on stdin (the test kills
 // the session's worker meanwhile), then reloads and checks the app works.
@@ -15,8 +15,8 @@ const browser = await chromium.launch({
 });
 
 // A fresh browser (own cookies) with the app loaded and connected.
-async function session() {
-  const context = await browser.newContext();
+async function session(extraHTTPHeaders = {}) {
+  const context = await browser.newContext({ extraHTTPHeaders });
   const page = await context.newPage();
   await page.goto(url);
   await page.waitForFunction(() => window.Shiny && Shiny.shinyapp && Shiny.shinyapp.isConnected(), null, { timeout: 30000 });
@@ -99,6 +99,17 @@ try {
     const fresh = await session();
     await fresh.waitForSelector("#distPlot img", { timeout: 30000 });
     console.log(JSON.stringify({ fresh: true }));
+  } else if (mode === "whoami") {
+    // A browser that names itself a user on every request, the WebSocket's
+    // handshake included, in both spellings R reads as one header.
+    const page = await session({
+      "Shiny-Server-Credentials": JSON.stringify({ user: "mallory", groups: ["admin"] }),
+      "X-Forwarded-User": "mallory",
+      "X-Forwarded-Groups": "admin",
+    });
+    await page.waitForFunction(() => (document.querySelector("#who")?.textContent || "").startsWith("user="),
+      null, { timeout: 30000 });
+    console.log(JSON.stringify({ who: await page.textContent("#who") }));
   } else {
     throw new Error(`unknown mode ${mode}`);
   }

@@ -230,6 +230,28 @@ async fn forwards_client_address_and_appends_to_x_forwarded_for() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_client_cannot_name_itself_a_user() {
+    let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap()]);
+    let seen: serde_json::Value = client()
+        .get(valve.get("/headers"))
+        .header("x-forwarded-user", "mallory")
+        .header("x_forwarded_email", "mallory@example.org")
+        .header("x-forwarded-groups", "admin")
+        .header("shiny-server-credentials", r#"{"user":"mallory","groups":["admin"]}"#)
+        .header("x-app-header", "kept")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for key in ["HTTP_X_FORWARDED_USER", "HTTP_X_FORWARDED_EMAIL", "HTTP_X_FORWARDED_GROUPS", "HTTP_SHINY_SERVER_CREDENTIALS"] {
+        assert!(seen.get(key).is_none(), "{key} reached R from a client: {seen}");
+    }
+    assert_eq!(seen["HTTP_X_APP_HEADER"][0], "kept", "other headers still arrive: {seen}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn large_and_chunked_bodies_arrive_whole() {
     let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap()]);
     let big = vec![b'x'; 8 * 1024 * 1024];

@@ -38,6 +38,14 @@ fn hello_renders_its_plot_and_rerenders_on_input() {
 }
 
 #[test]
+fn a_browser_cannot_name_itself_a_shiny_user() {
+    let app = crate::harness::fixture("shiny_whoami");
+    let valve = Valve::start(&["-f", app.to_str().unwrap()]);
+    let seen = drive("whoami", &valve, &[]);
+    assert!(seen.contains(r#""who":"user=NULL;groups=NULL""#), "Shiny saw a user the browser named: {seen}");
+}
+
+#[test]
 fn six_upload_sessions_spread_over_three_workers_each_see_their_own_table() {
     // Two sessions per worker: valve grows the pool from one worker as sessions arrive.
     let valve = Valve::start(&["-f", &shiny_example("09_upload"), "-n", "3", "--max-sessions", "2", "--no-access-log"]);
