@@ -245,7 +245,9 @@ async fn a_client_cannot_name_itself_a_user() {
         .json()
         .await
         .unwrap();
-    for key in ["HTTP_X_FORWARDED_USER", "HTTP_X_FORWARDED_EMAIL", "HTTP_X_FORWARDED_GROUPS", "HTTP_SHINY_SERVER_CREDENTIALS"] {
+    for key in
+        ["HTTP_X_FORWARDED_USER", "HTTP_X_FORWARDED_EMAIL", "HTTP_X_FORWARDED_GROUPS", "HTTP_SHINY_SERVER_CREDENTIALS"]
+    {
         assert!(seen.get(key).is_none(), "{key} reached R from a client: {seen}");
     }
     assert_eq!(seen["HTTP_X_APP_HEADER"][0], "kept", "other headers still arrive: {seen}");
