@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::Method;
 
-use crate::app::{Retire, WorkerId};
+use crate::worker::WorkerId;
 
 /// Histogram bucket bounds in seconds (Prometheus `le`).
 const BUCKETS: [f64; 17] =
@@ -63,21 +63,6 @@ impl ExitReason {
             ExitReason::Shutdown => "shutdown",
             ExitReason::Crashed => "crashed",
             ExitReason::FailedStart => "failed_start",
-        }
-    }
-}
-
-impl From<Retire> for ExitReason {
-    fn from(r: Retire) -> Self {
-        match r {
-            Retire::Idle => ExitReason::Idle,
-            Retire::Requests => ExitReason::Recycled,
-            Retire::Memory => ExitReason::Memory,
-            Retire::Timeout => ExitReason::Timeout,
-            Retire::Broken => ExitReason::Broken,
-            Retire::Unresponsive => ExitReason::Unresponsive,
-            Retire::Budget => ExitReason::Budget,
-            Retire::Shutdown => ExitReason::Shutdown,
         }
     }
 }

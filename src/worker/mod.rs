@@ -19,6 +19,7 @@ mod fork;
 mod frames;
 mod output;
 pub mod reap;
+pub mod watch;
 
 use std::future::Future;
 use std::io;

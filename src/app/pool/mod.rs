@@ -100,6 +100,22 @@ impl Retire {
     }
 }
 
+/// A retirement as metrics count it (`valve_worker_exits_total`'s reason).
+impl From<Retire> for crate::metrics::ExitReason {
+    fn from(r: Retire) -> Self {
+        match r {
+            Retire::Idle => crate::metrics::ExitReason::Idle,
+            Retire::Requests => crate::metrics::ExitReason::Recycled,
+            Retire::Memory => crate::metrics::ExitReason::Memory,
+            Retire::Timeout => crate::metrics::ExitReason::Timeout,
+            Retire::Broken => crate::metrics::ExitReason::Broken,
+            Retire::Unresponsive => crate::metrics::ExitReason::Unresponsive,
+            Retire::Budget => crate::metrics::ExitReason::Budget,
+            Retire::Shutdown => crate::metrics::ExitReason::Shutdown,
+        }
+    }
+}
+
 /// What the pool knows of one worker.
 #[derive(Clone, Debug)]
 pub struct Slot {

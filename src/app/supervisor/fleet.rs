@@ -1,0 +1,160 @@
+//! The `Fleet`: one lock over every app's pool and live workers, so that the
+//! worker budget across apps is exact, and growth within that budget (which
+//! app starts what, and whose idle worker gives up its place).
+//!
+//! Locking: a `std::sync::Mutex`, held for bookkeeping only: never across an
+//! `.await`, never while reading /proc. What must happen after it is released
+//! (starting workers, probes, wake-ups) is collected in an `After`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Instant;
+
+use tokio::sync::{oneshot, watch, Notify};
+
+use super::execute::After;
+use super::{now, Supervisor};
+use crate::app::budget::{self, Spare};
+use crate::app::lease::Lease;
+use crate::app::pool::{Event, Ids, Pool, State, WorkerId};
+use crate::app::Retire;
+use crate::worker::{Conn, Connect, Exit, Stop};
+
+pub(super) type Waiter = oneshot::Sender<Lease>;
+
+/// An app generation's key in the fleet.
+pub type AppKey = u64;
+
+/// Every app's workers, under one lock, within one budget.
+pub struct Fleet {
+    state: Mutex<FleetState>,
+    pub(super) ids: Ids,
+    max_workers: AtomicUsize,
+    pub(super) next_key: AtomicU64,
+}
+
+pub(super) struct FleetState {
+    pub(super) apps: BTreeMap<AppKey, AppState>,
+}
+
+impl FleetState {
+    pub(super) fn processes(&self) -> usize {
+        self.apps.values().map(|a| a.pool.processes()).sum()
+    }
+
+    /// Workers stopping across every app: their exits will free places in the budget.
+    pub(super) fn freeing(&self) -> usize {
+        self.apps.values().map(|a| a.pool.count(State::Stopping)).sum()
+    }
+}
+
+/// One app's share of the fleet.
+pub(super) struct AppState {
+    pub(super) pool: Pool<Waiter>,
+    pub(super) live: HashMap<WorkerId, Live>,
+    pub(super) closing: bool,
+    /// The app reached `n_min` once (after that, failed starts are retried).
+    pub(super) started: bool,
+    pub(super) sup: Weak<Supervisor>,
+}
+
+/// A worker process the app's task has launched and not yet seen exit.
+pub(super) struct Live {
+    pub(super) stop: watch::Sender<Option<Stop>>,
+    pub(super) exit: watch::Receiver<Option<Exit>>,
+    pub(super) connector: Arc<dyn Connect>,
+    /// Open keep-alive connections to the worker, ready for reuse.
+    pub(super) conns: Vec<Conn>,
+    pub(super) pid: Option<u32>,
+    pub(super) forked: bool,
+    /// Rung when the worker finished a request: its memory is due a sample.
+    pub(super) used: Arc<Notify>,
+}
+
+impl Fleet {
+    pub fn new(max_workers: usize) -> Arc<Fleet> {
+        Arc::new(Fleet {
+            state: Mutex::new(FleetState { apps: BTreeMap::new() }),
+            ids: Ids::default(),
+            max_workers: AtomicUsize::new(max_workers),
+            next_key: AtomicU64::new(1),
+        })
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, FleetState> {
+        // A panic while holding the lock cannot leave the pools half-updated in
+        // a way that matters more than stopping valve would, so keep serving.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// R worker processes across every app now (stopping ones included).
+    pub fn processes(&self) -> usize {
+        self.lock().processes()
+    }
+
+    pub fn max_workers(&self) -> usize {
+        self.max_workers.load(Ordering::Relaxed)
+    }
+
+    /// Changes the budget (a reload): more room starts what apps want; less
+    /// stops nothing at once, workers above it are not replaced when they go.
+    pub fn set_max_workers(&self, max_workers: usize) {
+        let mut after = After::default();
+        {
+            let mut f = self.lock();
+            self.max_workers.store(max_workers.max(1), Ordering::Relaxed);
+            self.rebalance(&mut f, now(), &mut after);
+        }
+        after.run();
+    }
+
+    /// Starts what every app wants that the budget allows (after a worker of
+    /// any app exited, room may have come free). Called with the lock held;
+    /// the starts are carried out by `after` once it is released.
+    pub(super) fn rebalance(&self, f: &mut FleetState, now: Instant, after: &mut After) {
+        let keys: Vec<AppKey> = f.apps.keys().copied().collect();
+        for key in keys {
+            self.grow(f, key, now, after);
+        }
+    }
+
+    /// Grows one app as far as it wants and the budget allows. When the budget
+    /// is what stops it, the longest-idle spare worker of another app is
+    /// stopped: its exit makes the room.
+    pub(super) fn grow(&self, f: &mut FleetState, key: AppKey, now: Instant, after: &mut After) {
+        let room = budget::room(self.max_workers(), f.processes());
+        let freeing = f.freeing();
+        let Some(app) = f.apps.get_mut(&key) else { return };
+        if app.closing {
+            return;
+        }
+        let start = app.pool.grow(now, room);
+        let short = app.pool.wants();
+        let Some(sup) = app.sup.upgrade() else { return };
+        // Stopping workers will free their places: only take more for what they do not cover.
+        if short > freeing {
+            let spares = f.apps.iter().filter_map(|(k, a)| {
+                a.pool.spare(now).map(|(worker, idle_since)| Spare { app: *k, worker, idle_since })
+            });
+            if let Some(victim) = budget::victim(key, spares) {
+                if let Some(other) = f.apps.get_mut(&victim.app) {
+                    if let Some(owner) = other.sup.upgrade() {
+                        if owner.feed(other, Event::Retire(victim.worker, Retire::Budget), after) {
+                            tracing::info!(
+                                worker = victim.worker,
+                                app = %owner.settings.name,
+                                for_app = %sup.settings.name,
+                                max_workers = self.max_workers(),
+                                "stopping an idle worker: another app needs its place in the worker budget"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        if !start.ids.is_empty() {
+            after.starts.push((sup, start));
+        }
+    }
+}
