@@ -9,7 +9,7 @@ use http_body_util::{BodyExt, Empty};
 
 use super::fake::{FakeLauncher, Plan};
 use super::pool::{Limits, Retire, BACKOFF_FIRST};
-use super::supervisor::KILL_AFTER;
+use super::supervisor::{DRAIN_QUIET, KILL_AFTER, SETTLE_MAX};
 use super::{Fleet, Lease, Settings, Supervisor};
 use crate::metrics::AppMetrics;
 use crate::worker::{Exit, Stop};
@@ -257,4 +257,84 @@ async fn the_budget_moves_an_idle_worker_to_the_app_that_needs_it() {
     assert!(watch.await.unwrap() <= 2, "never more than the budget");
     let gone: Vec<_> = fake_a.workers.lock().unwrap().iter().filter(|w| !w.alive()).map(|w| w.signals()).collect();
     assert_eq!(gone, [vec![(Stop::Term, false)]]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_request_timeout_an_abandoned_request_is_settled_within_settle_max() {
+    let (sup, fake) = app(Settings { request_timeout: None, ..settings(1, 1) });
+    sup.start().await.unwrap();
+    let mut lease = sup.lease().await.unwrap();
+    lease.connect().await.unwrap();
+    let forever = format!("/sleep?ms={}", 10 * SETTLE_MAX.as_millis());
+    let req = http::Request::get(forever).body(Empty::new().map_err(|never| match never {}).boxed()).unwrap();
+    let sending = tokio::spawn(async move {
+        let _ = lease.send(req).await;
+        lease
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    sending.abort(); // the client left; R goes on for ever
+    let _ = sending.await;
+    let left = tokio::time::Instant::now();
+    tokio::time::sleep(SETTLE_MAX - Duration::from_secs(1)).await;
+    assert!(fake.worker(1).signals().is_empty(), "R has SETTLE_MAX to finish");
+    until("the hung worker killed", || !fake.worker(1).signals().is_empty()).await;
+    assert!(tokio::time::Instant::now() - left >= SETTLE_MAX, "R had SETTLE_MAX to finish");
+    assert_eq!(fake.worker(1).signals(), [(Stop::Kill, false)], "a hung worker is killed, not asked");
+    let mut next = sup.lease().await.unwrap();
+    assert_eq!(next.worker, 2, "a replacement serves");
+    call(&mut next, "/pid").await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shiny_worker_past_its_share_drains_then_stops_once_quiet() {
+    let limits = Limits { max_requests: Some(1), ..settings(1, 2).limits };
+    let (sup, fake) = app(Settings { limits, ..settings(1, 2) });
+    sup.start().await.unwrap();
+    let sticky = sup.sticky(None, 7).await.unwrap();
+    let id = sticky.worker;
+    drop(sticky);
+    assert_eq!(sup.gauges().draining, 1, "its one request spent its share");
+    sup.session(id, true, Some(7));
+    let now = tokio::time::Instant::now();
+    tokio::time::sleep(DRAIN_QUIET * 3).await;
+    assert!(fake.worker(id).signals().is_empty(), "a draining worker keeps its open session");
+    assert!(tokio::time::Instant::now() - now >= DRAIN_QUIET * 3);
+    sup.session(id, false, None);
+    let closed = tokio::time::Instant::now();
+    until("the drained worker stopped", || !fake.worker(id).signals().is_empty()).await;
+    assert!(tokio::time::Instant::now() - closed >= DRAIN_QUIET, "it waited for its traffic to go quiet");
+    assert_eq!(fake.worker(id).signals(), [(Stop::Term, false)], "a planned stop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn winding_down_ends_when_the_last_busy_worker_is_done_or_at_its_grace() {
+    let (sup, fake) = app(settings(2, 2));
+    sup.start().await.unwrap();
+    let mut lease = sup.lease().await.unwrap();
+    let busy = lease.worker;
+    let began = tokio::time::Instant::now();
+    let winding = tokio::spawn({
+        let sup = sup.clone();
+        async move { sup.wind_down(Duration::from_secs(60)).await }
+    });
+    until("the idle worker stopped", || fake.alive().len() == 1).await;
+    assert!(fake.worker(busy).alive(), "the busy worker finishes its request first");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    call(&mut lease, "/pid").await.unwrap();
+    drop(lease);
+    winding.await.unwrap();
+    assert!(tokio::time::Instant::now() - began < Duration::from_secs(60), "no wait for the grace once all exited");
+    assert_eq!(fake.worker(busy).signals(), [(Stop::Term, false)]);
+
+    let (sup, fake) = app(settings(1, 1));
+    sup.start().await.unwrap();
+    let held = sup.lease().await.unwrap();
+    let began = tokio::time::Instant::now();
+    sup.wind_down(Duration::from_secs(20)).await;
+    assert!(
+        tokio::time::Instant::now() - began >= Duration::from_secs(20),
+        "a worker still busy holds it to its grace"
+    );
+    assert!(fake.alive().is_empty(), "then it is stopped as at shutdown");
+    drop(held);
 }

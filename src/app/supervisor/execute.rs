@@ -23,7 +23,7 @@ use crate::worker::{Conn, Connect, Exit, Stop};
 pub(super) const PROBE_IDLE: Duration = Duration::from_secs(1);
 pub(super) const PROBE_DEADLINE: Duration = Duration::from_secs(3);
 /// A draining Shiny worker with no session left stops after this long without traffic.
-pub(super) const DRAIN_QUIET: Duration = Duration::from_secs(5);
+pub const DRAIN_QUIET: Duration = Duration::from_secs(5);
 /// The longest a worker may take to finish a request its client abandoned
 /// when `--request-timeout` is 0 (no limit on requests): past it the worker
 /// is replaced, so that a hung R cannot hold a place in the pool for ever.

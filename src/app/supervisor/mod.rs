@@ -36,7 +36,7 @@ use super::sticky::Sticky;
 use crate::metrics::{AppMetrics, Rejection};
 use crate::worker::{Launch, StartError};
 
-pub use self::execute::SETTLE_MAX;
+pub use self::execute::{DRAIN_QUIET, SETTLE_MAX};
 pub use self::fleet::Fleet;
 pub use self::status::{Status, WorkerStatus};
 pub use crate::worker::watch::KILL_AFTER;
