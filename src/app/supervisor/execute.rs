@@ -12,10 +12,10 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::fleet::{AppState, Waiter};
-use super::{now, Supervisor};
+use super::after::After;
+use super::{now, AppState, Supervisor, Waiter};
 use crate::app::lease::{Home, Lease, Returned};
-use crate::app::pool::{Effect, Event, Note, Start, Timers, WorkerId};
+use crate::app::pool::{Effect, Event, Note, Timers, WorkerId};
 use crate::app::Retire;
 use crate::worker::{Conn, Connect, Exit, Stop};
 
@@ -28,35 +28,6 @@ pub const DRAIN_QUIET: Duration = Duration::from_secs(5);
 /// when `--request-timeout` is 0 (no limit on requests): past it the worker
 /// is replaced, so that a hung R cannot hold a place in the pool for ever.
 pub const SETTLE_MAX: Duration = Duration::from_secs(600);
-
-/// What the executor does once the fleet's lock is released.
-#[derive(Default)]
-pub(super) struct After {
-    /// Workers to start, per app.
-    pub(super) starts: Vec<(Arc<Supervisor>, Start)>,
-    /// Liveness probes: the worker, a kept connection, how to open another.
-    probes: Vec<(Arc<Supervisor>, WorkerId, Option<Conn>, Arc<dyn Connect>)>,
-    /// Apps whose waiting browsers may find a place now.
-    wake: Vec<Arc<Supervisor>>,
-    /// Waiters turned away (dropping them answers "shutting down").
-    dismissed: Vec<Waiter>,
-}
-
-impl After {
-    /// Carries out what waited for the lock.
-    pub(super) fn run(self) {
-        drop(self.dismissed);
-        for sup in self.wake {
-            sup.changed.notify_waiters();
-        }
-        for (sup, start) in self.starts {
-            sup.spawn_start(start);
-        }
-        for (sup, id, conn, connector) in self.probes {
-            tokio::spawn(sup.clone().liveness(id, conn, connector));
-        }
-    }
-}
 
 impl Supervisor {
     /// The timers the pool's rules run on.
@@ -210,7 +181,7 @@ impl Supervisor {
 
     /// Pings an idle worker; one that does not answer in time is replaced
     /// before any request is sent to it.
-    async fn liveness(self: Arc<Self>, id: WorkerId, conn: Option<Conn>, connector: Arc<dyn Connect>) {
+    pub(super) async fn liveness(self: Arc<Self>, id: WorkerId, conn: Option<Conn>, connector: Arc<dyn Connect>) {
         let ping = async {
             let mut conn = match conn {
                 Some(c) if !c.is_closed() => c,

@@ -6,37 +6,16 @@
 //! `.await`, never while reading /proc. What must happen after it is released
 //! (starting workers, probes, wake-ups) is collected in an `After`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use tokio::sync::{oneshot, watch, Notify};
-
-use super::execute::After;
-use super::{now, Supervisor};
+use super::after::After;
+use super::{now, AppKey, Fleet, FleetState};
 use crate::app::budget::{self, Spare};
-use crate::app::lease::Lease;
-use crate::app::pool::{Event, Ids, Pool, State, WorkerId};
+use crate::app::pool::{Event, Ids, State};
 use crate::app::Retire;
-use crate::worker::{Conn, Connect, Exit, Stop};
-
-pub(super) type Waiter = oneshot::Sender<Lease>;
-
-/// An app generation's key in the fleet.
-pub type AppKey = u64;
-
-/// Every app's workers, under one lock, within one budget.
-pub struct Fleet {
-    state: Mutex<FleetState>,
-    pub(super) ids: Ids,
-    max_workers: AtomicUsize,
-    pub(super) next_key: AtomicU64,
-}
-
-pub(super) struct FleetState {
-    pub(super) apps: BTreeMap<AppKey, AppState>,
-}
 
 impl FleetState {
     pub(super) fn processes(&self) -> usize {
@@ -49,32 +28,9 @@ impl FleetState {
     }
 }
 
-/// One app's share of the fleet.
-pub(super) struct AppState {
-    pub(super) pool: Pool<Waiter>,
-    pub(super) live: HashMap<WorkerId, Live>,
-    pub(super) closing: bool,
-    /// The app reached `n_min` once (after that, failed starts are retried).
-    pub(super) started: bool,
-    pub(super) sup: Weak<Supervisor>,
-}
-
-/// A worker process the app's task has launched and not yet seen exit.
-pub(super) struct Live {
-    pub(super) stop: watch::Sender<Option<Stop>>,
-    pub(super) exit: watch::Receiver<Option<Exit>>,
-    pub(super) connector: Arc<dyn Connect>,
-    /// Open keep-alive connections to the worker, ready for reuse.
-    pub(super) conns: Vec<Conn>,
-    pub(super) pid: Option<u32>,
-    pub(super) forked: bool,
-    /// Rung when the worker finished a request: its memory is due a sample.
-    pub(super) used: Arc<Notify>,
-}
-
 impl Fleet {
-    pub fn new(max_workers: usize) -> Arc<Fleet> {
-        Arc::new(Fleet {
+    pub fn new(max_workers: usize) -> std::sync::Arc<Fleet> {
+        std::sync::Arc::new(Fleet {
             state: Mutex::new(FleetState { apps: BTreeMap::new() }),
             ids: Ids::default(),
             max_workers: AtomicUsize::new(max_workers),

@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch, Notify};
 
-use super::execute::After;
-use super::fleet::Live;
-use super::{now, Supervisor};
+use super::after::After;
+use super::{now, Live, Supervisor};
 use crate::app::pool::{Event, Start, State, WorkerId};
 use crate::metrics::ExitReason;
 use crate::worker::watch::{serve, Observer, Watch};
