@@ -8,7 +8,9 @@
 //! resolves every path in `use` declarations and in code (`crate::`, `self::`,
 //! `super::`, names brought in by `use`, globs) to the file that defines the
 //! item, following `pub use` re-exports to the file they come from. A path to
-//! a module alone is no edge; a path to an item is an edge to its file.
+//! a module alone is no edge; a path to an item is an edge to its file. A
+//! `pub use` passes a name through (a mod.rs facade): it is an edge only where
+//! its own file uses the name.
 //!
 //! `VALVE_LAYERS_SRC=DIR cargo test --test it -- layers` checks another tree;
 //! `VALVE_LAYERS_EDGES=1` prints every edge it found.
@@ -360,6 +362,21 @@ fn attached_end(t: &[Tok], mut i: usize, hi: usize) -> usize {
     }
 }
 
+/// A macro call at item level (`thread_local! { .. }`, `a::b!(..);`): the
+/// index past it, or `None` if `t[i]` starts none.
+fn macro_call_end(t: &[Tok], i: usize, hi: usize) -> Option<usize> {
+    let mut k = i;
+    while ident(t, k).is_some() && sep(t, k + 1) {
+        k += 2;
+    }
+    ident(t, k)?;
+    if !punct(t, k + 1, '!') || !t.get(k + 2).is_some_and(opens) {
+        return None;
+    }
+    let end = group_end(t, k + 2).min(hi);
+    Some(if punct(t, end, ';') { end + 1 } else { end })
+}
+
 /// Whether an attribute's tokens (inside `#[...]`) compile its item only in tests.
 fn cfg_test(attr: &[Tok]) -> bool {
     ident(attr, 0) == Some("cfg")
@@ -705,9 +722,17 @@ impl Builder<'_> {
                     }
                 }
                 Some("extern") => statement_end(t, i, hi),
+                Some(_) if macro_call_end(t, i, hi).is_some() => {
+                    let end = macro_call_end(t, i, hi).unwrap_or(hi);
+                    if !test {
+                        self.walk_body(cx, i, end, module);
+                    }
+                    end
+                }
                 _ => {
-                    // A macro call at item level, or something this reader does not know: step over it.
-                    let end = attached_end(t, start, hi).max(i + 1);
+                    // Something this reader does not know: step over it.
+                    let end = if punct(t, i, '{') { group_end(t, i) } else { attached_end(t, start, hi) };
+                    let end = end.max(i + 1);
                     if !test {
                         self.walk_body(cx, i, end, module);
                     }
@@ -1118,7 +1143,6 @@ fn cycles(adj: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
 // ---------------------------------------------------------------------------
 // The checker, checked on small trees, so that it cannot pass by seeing nothing.
 
-#[cfg(test)]
 mod checker {
     use super::*;
 
@@ -1307,6 +1331,16 @@ mod checker {
         assert!(text.contains("hint:"), "{text}");
         // A module LAYERS does not place is a finding too.
         assert_eq!(check(&g, &[&["config"], &["lib"]]).undeclared, BTreeSet::from(["app".to_string()]));
+    }
+
+    #[test]
+    fn layers_checker_reads_items_after_a_macro_call_and_an_inner_attribute() {
+        let g = tree(&[
+            ("lib.rs", "#![forbid(unsafe_code)]\npub mod a; pub mod b;"),
+            ("a.rs", "std::thread_local! { static N: u8 = 0; }\nmacro_rules! m { () => {} }\npub struct A;"),
+            ("b.rs", "pub fn f(_: crate::a::A) {}"),
+        ]);
+        assert_eq!(edges(&g), ["b.rs -> a.rs (A)"]);
     }
 
     #[test]
