@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::harness::{client, example, fixture, free_port, wait_until, Valve};
+use crate::harness::{client, closed_port, example, fixture, wait_until, Valve};
 
 /// Scrapes `/__valve__/metrics` with a real Prometheus text-format parser.
 async fn scrape(base: &str) -> prometheus_parse::Scrape {
@@ -65,14 +65,11 @@ async fn status_lists_every_worker_and_the_configuration() {
     assert_eq!(client().get(valve.get("/__valve__/healthz")).send().await.unwrap().status(), 200);
     assert_eq!(client().get(valve.get("/__valve__/readyz")).send().await.unwrap().status(), 200);
     // Each worker's task samples its memory once it is ready.
-    let mut status = serde_json::Value::Null;
-    for _ in 0..100 {
-        status = client().get(valve.admin("/__valve__/status")).send().await.unwrap().json().await.unwrap();
-        if status["workers"].as_array().unwrap().iter().all(|w| w["memory_bytes"].is_u64()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until("every worker's memory sampled", Duration::from_secs(10), || {
+        valve.status()["workers"].as_array().is_some_and(|w| w.iter().all(|w| w["memory_bytes"].is_u64()))
+    });
+    let status: serde_json::Value =
+        client().get(valve.admin("/__valve__/status")).send().await.unwrap().json().await.unwrap();
     let mut pids: Vec<u64> = status["workers"].as_array().unwrap().iter().map(|w| w["pid"].as_u64().unwrap()).collect();
     pids.sort();
     let mut real: Vec<u64> = valve.workers().into_iter().map(u64::from).collect();
@@ -88,10 +85,10 @@ async fn status_lists_every_worker_and_the_configuration() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn readiness_flips_during_drain_on_a_separate_admin_port() {
-    let admin_port = free_port();
-    let admin_addr = format!("127.0.0.1:{admin_port}");
-    let mut valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "--admin-addr", &admin_addr]);
-    let admin = format!("http://{admin_addr}");
+    // Port 0: valve binds a free port itself and says which in its ready line.
+    let mut valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "--admin-addr", "127.0.0.1:0"]);
+    let admin = valve.admin_url();
+    assert_ne!(admin, valve.url, "a separate admin listener");
     assert_eq!(client().get(format!("{admin}/__valve__/readyz")).send().await.unwrap().status(), 200);
     assert_eq!(
         client().get(valve.get("/__valve__/readyz")).send().await.unwrap().status(),
@@ -107,7 +104,7 @@ async fn readiness_flips_during_drain_on_a_separate_admin_port() {
         let url = valve.get("/sleep?zzz=1.5");
         async move { client().get(url).send().await.unwrap().status() }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    valve.wait_for_requests(1, 0);
     valve.signal(libc::SIGTERM);
     wait_until("readyz to say draining", Duration::from_secs(2), || {
         let r = std::process::Command::new("curl")
@@ -135,7 +132,10 @@ async fn access_log_lines_carry_method_path_status_and_worker() {
 
     let quiet = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "--no-access-log", "--log-format", "json"]);
     client().get(quiet.get("/pid")).send().await.unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // An access line is logged before its answer is sent, and the log keeps
+    // order: once what R printed for a later request is in, so would it be.
+    client().get(quiet.get("/print?marker=after-pid")).send().await.unwrap();
+    quiet.wait_for_log("stderr-marker: after-pid", Duration::from_secs(5));
     assert!(!quiet.log().contains("valve::access"), "the access log can be turned off");
     let first_json =
         quiet.log().lines().find(|l| l.starts_with('{')).map(|l| serde_json::from_str::<serde_json::Value>(l).is_ok());
@@ -203,7 +203,8 @@ fn healthcheck_mode_says_whether_a_valve_answers() {
         .output()
         .unwrap();
     assert_eq!(by_port.status.code(), Some(0), "the default URL is valve's own healthz on --port");
-    let closed = free_port().to_string();
+    let (_held, closed) = closed_port();
+    let closed = closed.to_string();
     let bad = std::process::Command::new(crate::harness::valve_bin())
         .args(["--healthcheck", "--port", &closed])
         .output()
@@ -222,16 +223,24 @@ async fn valves_own_path_without_its_slash_never_reaches_r() {
     let main = client().get(valve.get("/__valve__")).send().await.unwrap();
     assert_eq!(main.status(), 404);
     assert!(main.text().await.unwrap().contains("--admin-addr"), "valve's own answer, not plumber's");
+    // The access log keeps order: once a later request's line is in, so would this one be.
+    client().get(valve.get("/pid")).send().await.unwrap();
+    valve.wait_for_log("path=/pid", Duration::from_secs(5));
     assert!(!valve.log().contains("path=/__valve__"), "not logged as API traffic");
 }
 
 #[test]
 fn the_admin_listener_cuts_off_clients_that_never_finish_their_headers() {
     use std::io::{Read, Write};
-    let admin_addr = format!("127.0.0.1:{}", free_port());
-    let _valve =
-        Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "--admin-addr", &admin_addr, "--header-timeout", "1"]);
-    let mut s = std::net::TcpStream::connect(&admin_addr).unwrap();
+    let valve = Valve::start(&[
+        "-f",
+        fixture("api.R").to_str().unwrap(),
+        "--admin-addr",
+        "127.0.0.1:0",
+        "--header-timeout",
+        "1",
+    ]);
+    let mut s = std::net::TcpStream::connect(valve.admin_addr()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(b"GET /__valve__/healthz HTTP/1.1\r\nHost: x\r\n").unwrap();
     let start = std::time::Instant::now();
@@ -375,7 +384,7 @@ async fn answers_sent_while_draining_close_their_connection() {
             (r.status(), r.headers().get("connection").map(|v| v.to_str().unwrap().to_string()))
         }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    valve.wait_for_requests(1, 0);
     let signalled = std::time::Instant::now();
     valve.signal(libc::SIGTERM);
     let (status, connection) = slow.await.unwrap();

@@ -413,11 +413,14 @@ async fn reloads_add_change_and_remove_apps_without_failing_a_request() {
     });
     assert_eq!(get(valve.get("/leaving/pid")).await.0, 404, "a removed app is gone");
 
-    // Ten reloads in a row, by SIGHUP, each changing the app again.
+    // Ten reloads in a row, by SIGHUP, each changing the app again: each
+    // rewrite waits until the reload before it has read the file (and logged its plan).
+    let plans = || valve.log().lines().filter(|l| l.contains("reloading") && l.contains("unchanged=")).count();
     for i in 3..13 {
         rewrite(&path, &app_config(&[("steady", "1"), ("changing", &i.to_string()), ("arriving", "1")]));
+        let before = plans();
         valve.signal(libc::SIGHUP);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        wait_until("the reload to read the configuration", Duration::from_secs(10), || plans() > before);
     }
     let start = Instant::now();
     while version("changing").await != "12" {

@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use crate::harness::{client, fixture, pid_alive, wait_until, Valve};
+use crate::harness::{accept_backlog, client, fixture, pid_alive, unread_by_server, wait_until, Valve};
 
 fn api() -> String {
     fixture("api.R").to_str().unwrap().to_string()
@@ -100,13 +100,16 @@ async fn clients_that_never_read_their_answers_hold_no_worker() {
 async fn slow_uploads_hold_no_worker_and_a_timeout_kills_no_healthy_one() {
     let valve = Valve::start(&["-f", &api(), "-n", "2", "--n-min", "2", "--request-timeout", "2"]);
     let workers = valve.workers();
-    // Three clients send a body one byte a second.
+    // Three clients send a body one byte a second (the pause is the attack, not a wait).
+    let (tx, rx) = std::sync::mpsc::channel();
     let slow: Vec<_> = (0..3)
         .map(|_| {
             let addr = valve.url.trim_start_matches("http://").to_string();
+            let tx = tx.clone();
             std::thread::spawn(move || {
                 let mut s = TcpStream::connect(addr).unwrap();
                 s.write_all(b"POST /size HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\n").unwrap();
+                let _ = tx.send(s.local_addr().unwrap().port());
                 for _ in 0..5 {
                     std::thread::sleep(Duration::from_secs(1));
                     if s.write_all(b"x").is_err() {
@@ -116,7 +119,13 @@ async fn slow_uploads_hold_no_worker_and_a_timeout_kills_no_healthy_one() {
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    // valve has read every slow client's head: a valve that gave them workers would have by now.
+    let port = valve.ready["port"].as_u64().unwrap() as u16;
+    let clients: Vec<u16> =
+        (0..3).map(|_| rx.recv_timeout(Duration::from_secs(10)).expect("a slow client connects")).collect();
+    wait_until("valve to read the slow uploads' heads", Duration::from_secs(10), || {
+        clients.iter().all(|c| unread_by_server(port, *c) == Some(0))
+    });
     let start = Instant::now();
     for _ in 0..5 {
         assert_eq!(client().get(valve.get("/pid")).send().await.unwrap().status(), 200);
@@ -187,7 +196,11 @@ async fn idle_connections_to_the_admin_listener_cannot_starve_the_main_port() {
     let admin = valve.admin_url().trim_start_matches("http://").to_string();
     let held: Vec<TcpStream> = (0..1100).filter_map(|_| TcpStream::connect(&admin).ok()).collect();
     assert!(held.len() > 1000, "the admin port accepted (and closed) them");
-    std::thread::sleep(Duration::from_millis(500));
+    // valve took every one of them off the listener (keeping or closing it).
+    let admin_port: u16 = admin.rsplit(':').next().unwrap().parse().unwrap();
+    wait_until("valve to accept every admin connection", Duration::from_secs(10), || {
+        accept_backlog(admin_port) == Some(0)
+    });
     assert!(open_fds(valve.pid()) < 300, "valve holds {} descriptors", open_fds(valve.pid()));
     for _ in 0..5 {
         assert_eq!(client().get(valve.get("/pid")).send().await.unwrap().status(), 200, "the main port serves");

@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 
 pub const START_DEADLINE: Duration = Duration::from_secs(60);
 
+/// How long a test waits for valve to take a request it was sent (the request
+/// reaching a worker, or joining the queue): seconds on a loaded machine, not minutes.
+pub const TAKE_DEADLINE: Duration = Duration::from_secs(10);
+
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
@@ -277,6 +281,51 @@ impl Valve {
         wait_until(&format!("log line containing {needle:?}"), deadline, || self.log().contains(needle));
     }
 
+    /// `/__valve__/status` from the admin listener (`Null` if it does not answer).
+    pub fn status(&self) -> serde_json::Value {
+        let addr = self.admin_url().trim_start_matches("http://").to_string();
+        let get = || -> std::io::Result<Vec<u8>> {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(&addr)?;
+            s.set_read_timeout(Some(Duration::from_secs(10)))?;
+            // HTTP/1.0: the answer ends when the connection closes, never chunked.
+            s.write_all(b"GET /__valve__/status HTTP/1.0\r\nHost: valve\r\n\r\n")?;
+            let mut all = Vec::new();
+            s.read_to_end(&mut all)?;
+            Ok(all)
+        };
+        let Ok(all) = get() else { return serde_json::Value::Null };
+        let body = all.windows(4).position(|w| w == b"\r\n\r\n").map_or(&all[..0], |i| &all[i + 4..]);
+        serde_json::from_slice(body).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Waits until valve's workers serve `busy` requests and `queued` more
+    /// wait for a worker: the requests a test sent have been taken.
+    pub fn wait_for_requests(&self, busy: u64, queued: u64) {
+        let mut seen = serde_json::Value::Null;
+        let what = format!("{busy} request(s) on workers and {queued} queued");
+        let start = Instant::now();
+        loop {
+            let status = self.status();
+            if status["pool"]["busy"] == busy && status["queue"]["waiting"] == queued {
+                return;
+            }
+            seen = if status.is_null() { seen } else { status };
+            assert!(
+                start.elapsed() < TAKE_DEADLINE,
+                "timed out after {TAKE_DEADLINE:?} waiting for {what}; last pool {} and queue {}",
+                seen["pool"],
+                seen["queue"]
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// valve's admin listener as host:port.
+    pub fn admin_addr(&self) -> String {
+        self.admin_url().trim_start_matches("http://").to_string()
+    }
+
     pub fn signal(&self, sig: libc::c_int) {
         unsafe {
             libc::kill(self.pid() as i32, sig);
@@ -367,18 +416,56 @@ impl Plumber {
     }
 }
 
+/// One TCP socket of this machine, as /proc/net/tcp and tcp6 show it.
+struct TcpRow {
+    local_port: u16,
+    remote_port: u16,
+    listening: bool,
+    /// Bytes received and not yet read; for a listening socket, connections not yet accepted.
+    rx_queue: u64,
+    inode: String,
+}
+
+fn tcp_table() -> Vec<TcpRow> {
+    let port = |col: Option<&&str>| col?.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
+    let mut rows = Vec::new();
+    for file in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(table) = std::fs::read_to_string(file) else { continue };
+        // Columns: sl local_address rem_address st tx_queue:rx_queue tr retrnsmt uid timeout inode.
+        rows.extend(table.lines().skip(1).filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            Some(TcpRow {
+                local_port: port(cols.get(1))?,
+                remote_port: port(cols.get(2))?,
+                listening: cols.get(3) == Some(&"0A"),
+                rx_queue: u64::from_str_radix(cols.get(4)?.split(':').nth(1)?, 16).ok()?,
+                inode: cols.get(9)?.to_string(),
+            })
+        }));
+    }
+    rows
+}
+
+/// How many connections wait to be accepted on the listening socket at `port`.
+pub fn accept_backlog(port: u16) -> Option<u64> {
+    tcp_table().into_iter().find(|r| r.listening && r.local_port == port).map(|r| r.rx_queue)
+}
+
+/// How many bytes a client (at `client_port`) sent that the server side at
+/// `server_port` has not read yet; `None` while no such connection exists.
+pub fn unread_by_server(server_port: u16, client_port: u16) -> Option<u64> {
+    tcp_table()
+        .into_iter()
+        .find(|r| !r.listening && r.local_port == server_port && r.remote_port == client_port)
+        .map(|r| r.rx_queue)
+}
+
 /// Whether process `pid` holds the listening TCP socket on 127.0.0.1 or any address at `port`.
 fn listens_on(pid: u32, port: u16) -> bool {
-    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else { return false };
-    // Columns: sl local_address rem_address st ... inode (10th).
-    let inodes: Vec<String> = table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            let local_port = cols.get(1)?.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok())?;
-            (local_port == port && cols.get(3) == Some(&"0A")).then(|| cols.get(9).map(|i| format!("socket:[{i}]")))?
-        })
+    let inodes: Vec<String> = tcp_table()
+        .into_iter()
+        .filter(|r| r.listening && r.local_port == port)
+        .map(|r| format!("socket:[{}]", r.inode))
         .collect();
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
     fds.filter_map(Result::ok)
@@ -399,8 +486,9 @@ impl Drop for Plumber {
 /// the kernel's ephemeral range (net.ipv4.ip_local_port_range), where no
 /// outgoing connection's source port and no bind to port 0 (valves and R
 /// workers of tests running meanwhile) can take it first; never the same
-/// port twice in one test run.
-pub fn free_port() -> u16 {
+/// port twice in one test run. Only for plain plumber, which cannot be told
+/// port 0: valve binds port 0 and prints what it got (`Valve::admin_url`).
+fn free_port() -> u16 {
     static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
     let ephemeral_low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
@@ -422,6 +510,16 @@ pub fn free_port() -> u16 {
         }
     }
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A loopback port nothing listens on, for as long as the returned socket
+/// lives: it is bound (so no one else can take the port) but not listening,
+/// so a connection to it is refused.
+pub fn closed_port() -> (tokio::net::TcpSocket, u16) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+    socket.bind("127.0.0.1:0".parse().expect("an address")).expect("bind to port 0");
+    let port = socket.local_addr().expect("a bound address").port();
+    (socket, port)
 }
 
 /// A client that neither follows redirects nor keeps cookies, and opens a fresh

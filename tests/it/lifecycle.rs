@@ -102,7 +102,7 @@ async fn sigterm_drains_in_flight_requests_then_stops_every_worker() {
         let url = valve.get("/sleep?zzz=1");
         async move { client().get(url).send().await.map(|r| r.status().as_u16()) }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    valve.wait_for_requests(1, 0);
     valve.signal(libc::SIGTERM);
     assert_eq!(in_flight.await.unwrap().unwrap(), 200, "the request in flight finished");
     let status = valve.wait_exit(Duration::from_secs(15));

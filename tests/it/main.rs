@@ -6,6 +6,7 @@ mod deps;
 mod fidelity;
 mod guard;
 mod harness;
+mod layers;
 mod lifecycle;
 mod placement;
 mod preload;

@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::harness::{fixture, need_r_packages, Valve};
+use crate::harness::{fixture, need_r_packages, wait_until, Valve};
 
 const DEADLINE: Duration = Duration::from_secs(90);
 
@@ -149,7 +149,15 @@ fn seventh_session_wait(extra: &[&str]) -> (Duration, usize) {
     for _ in 0..6 {
         rx.recv_timeout(DEADLINE).expect("six sessions open");
     }
-    std::thread::sleep(Duration::from_millis(500));
+    // Placement by load sees R busy only once a CPU sample says so (with
+    // --busy-threshold 0 it never looks).
+    let threshold = valve.status()["config"]["busy_threshold"].as_f64().unwrap_or(0.0);
+    if threshold > 0.0 {
+        wait_until("a CPU sample to find the sessions' R busy", DEADLINE, || {
+            let status = valve.status();
+            status["workers"].as_array().is_some_and(|w| w.iter().any(|w| w["cpu"].as_f64() >= Some(threshold)))
+        });
+    }
     let (_, seventh) = session(&addr, None);
     let workers = valve.workers().len();
     for s in six {

@@ -100,10 +100,10 @@ async fn a_full_queue_is_answered_503_at_once() {
     let valve = Valve::start(&["-f", &api(), "-n", "1", "--queue-size", "2"]);
     let mut busy = Vec::new();
     // The slow call takes the only worker first; then two calls fill the queue.
-    for p in ["/sleep?zzz=2", "/pid", "/pid"] {
+    for (p, queued) in [("/sleep?zzz=2", 0), ("/pid", 1), ("/pid", 2)] {
         let url = valve.get(p);
         busy.push(tokio::spawn(async move { client().get(url).send().await.unwrap().status() }));
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        valve.wait_for_requests(1, queued);
     }
     let start = Instant::now();
     let resp = client().get(valve.get("/pid")).send().await.unwrap();
@@ -124,7 +124,7 @@ async fn a_request_waiting_past_queue_timeout_gets_503() {
         let url = valve.get("/sleep?zzz=2");
         async move { client().get(url).send().await.unwrap().status() }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    valve.wait_for_requests(1, 0);
     let start = Instant::now();
     let resp = client().get(valve.get("/pid")).send().await.unwrap();
     let took = start.elapsed();
@@ -169,17 +169,17 @@ async fn a_crash_loop_backs_off_instead_of_spinning() {
 async fn sigterm_lets_in_flight_and_queued_requests_finish() {
     let mut valve = Valve::start(&["-f", &api(), "-n", "1"]);
     let workers = valve.r_processes();
-    let calls: Vec<_> = ["/sleep?zzz=1", "/pid"]
-        .into_iter()
-        .map(|p| {
-            let url = valve.get(p);
-            tokio::spawn(async move { client().get(url).send().await.map(|r| r.status().as_u16()) })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // One request in flight on the only worker, one queued behind it.
+    let mut calls = Vec::new();
+    for (p, queued) in [("/sleep?zzz=2", 0), ("/pid", 1)] {
+        let url = valve.get(p);
+        calls.push(tokio::spawn(async move { client().get(url).send().await.map(|r| r.status().as_u16()) }));
+        valve.wait_for_requests(1, queued);
+    }
     valve.signal(libc::SIGTERM);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(client().get(valve.get("/pid")).send().await.is_err(), "the listener closed at once");
+    let addr = valve.url.trim_start_matches("http://").to_string();
+    wait_until("the listener to close", Duration::from_secs(10), || std::net::TcpStream::connect(&addr).is_err());
+    assert!(calls.iter().all(|c| !c.is_finished()), "the listener closed at once, before the drain ended");
     for c in calls {
         assert_eq!(c.await.unwrap().unwrap(), 200, "in-flight and queued requests finish");
     }
@@ -255,7 +255,7 @@ async fn a_client_that_leaves_mid_request_frees_its_worker() {
         let addr = valve.url.trim_start_matches("http://").to_string();
         let mut s = TcpStream::connect(addr).unwrap();
         s.write_all(b"GET /sleep?zzz=1 HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-        std::thread::sleep(Duration::from_millis(200));
+        valve.wait_for_requests(1, 0);
     }
     let start = Instant::now();
     assert_eq!(pid_of(&valve).await, before, "the same worker serves: it was neither lost nor killed");

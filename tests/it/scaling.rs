@@ -51,7 +51,7 @@ async fn a_busy_worker_never_gets_a_second_request() {
         let url = valve.get("/sleep?zzz=1");
         async move { client().get(url).send().await.unwrap().status() }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    valve.wait_for_requests(1, 0);
     let start = Instant::now();
     let fast = client().get(valve.get("/pid")).send().await.unwrap();
     assert_eq!(fast.status(), 200);

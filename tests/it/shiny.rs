@@ -95,13 +95,21 @@ fn a_page_asked_for_as_its_worker_dies_is_served_by_another() {
     need_program("curl", "curl");
     let valve = Valve::start(&["-f", &shiny_example("01_hello"), "--no-access-log"]);
     let victim = valve.workers()[0];
+    // What valve counts as sent to the worker (a page load is no pool lease: `busy` stays 0).
+    let served = || {
+        let status = valve.status();
+        status["workers"].as_array().and_then(|w| w.iter().find(|w| w["pid"] == victim)?["requests"].as_u64())
+    };
+    let before = served().expect("the worker in the status");
     unsafe { libc::kill(victim as i32, libc::SIGSTOP) };
     let curl = Command::new("curl")
         .args(["-s", "-w", "\n%{http_code}", "--max-time", "30", &valve.get("/")])
         .stdout(Stdio::piped())
         .spawn()
         .expect("curl runs");
-    std::thread::sleep(Duration::from_millis(500));
+    wait_until("the page load handed to the stopped worker", Duration::from_secs(10), || {
+        served().is_some_and(|n| n > before)
+    });
     unsafe { libc::kill(victim as i32, libc::SIGKILL) };
     let out = curl.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
