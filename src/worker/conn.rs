@@ -2,109 +2,25 @@
 //! - HTTP/1.1 over the worker's private Unix socket (httpuv in the worker:
 //!   Shiny apps, and plumber APIs with `--worker-transport httpuv`), kept
 //!   alive between requests (a Unix socket has no Nagle stall);
-//! - a handle to the worker's one frames link (`frames.rs`: valve's own
+//! - a handle to the worker's one frames link (`frames`: valve's own
 //!   protocol, plumber APIs by default).
 //!
 //! Either way the forwarder sends an `http::Request` and gets an
 //! `http::Response` back, so there is one forwarding loop for both.
 
-use std::any::Any;
 use std::io;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
-use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::UnixStream;
 
-use super::frames::{FrameBody, Link};
-use super::BoxFuture;
-
-/// The request body as a worker receives it: already complete in valve's
-/// hands (memory or a spooled file), so a worker never waits for a client.
-pub type WireBody = BoxBody<Bytes, io::Error>;
+use super::frames::link::Link;
+use super::wire::{AnswerBody, BoxFuture, SendError, WireBody};
 
 /// The path httpuv workers answer for probes; valve never forwards `/__valve__/` paths.
 const PING_PATH: &str = "/__valve__/ping";
-
-/// The client's connection, which a frames worker is told about (Rook's
-/// `SERVER_NAME`, `SERVER_PORT`, `REMOTE_ADDR`, `REMOTE_PORT`). Carried in
-/// the request's extensions.
-#[derive(Clone, Copy, Debug)]
-pub struct ClientAddrs {
-    /// valve's address and port on the client's connection.
-    pub local: SocketAddr,
-    pub remote: SocketAddr,
-}
-
-/// A request body valve spooled to a named file in its private run directory:
-/// a frames worker reads the file instead of receiving the bytes. `keep`
-/// keeps the file until the worker has answered. Carried in the request's
-/// extensions.
-#[derive(Clone)]
-pub struct Spooled {
-    pub path: PathBuf,
-    pub keep: Arc<dyn Any + Send + Sync>,
-}
-
-/// Why a request to a worker got no answer.
-#[derive(Debug, thiserror::Error)]
-pub enum SendError {
-    #[error("{0}")]
-    Http(#[from] hyper::Error),
-    #[error("the worker's connection broke: {0}")]
-    Lost(io::Error),
-    /// The worker sent what the protocol does not allow: it was replaced.
-    #[error("the worker broke valve's protocol: {0}")]
-    Garbage(String),
-}
-
-/// A worker's answer body: hyper's (httpuv workers) or a frames link's.
-pub enum AnswerBody {
-    Http(Incoming),
-    Frames(FrameBody),
-}
-
-impl AnswerBody {
-    pub fn empty() -> AnswerBody {
-        AnswerBody::Frames(FrameBody::empty())
-    }
-}
-
-impl Body for AnswerBody {
-    type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        // Both variants are Unpin.
-        match self.get_mut() {
-            AnswerBody::Http(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            AnswerBody::Frames(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            AnswerBody::Http(b) => b.is_end_stream(),
-            AnswerBody::Frames(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            AnswerBody::Http(b) => b.size_hint(),
-            AnswerBody::Frames(b) => b.size_hint(),
-        }
-    }
-}
 
 /// One connection to a worker.
 pub struct Conn {
@@ -132,7 +48,7 @@ impl Conn {
         Ok(Conn { kind: Kind::Http(sender) })
     }
 
-    pub(super) fn frames(link: Link) -> Conn {
+    pub(crate) fn frames(link: Link) -> Conn {
         Conn { kind: Kind::Frames(link) }
     }
 

@@ -31,9 +31,11 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::ChildStdin;
 use tokio::sync::{oneshot, watch, Mutex};
 
+use super::conn::{Conn, Connect};
 use super::output::{self, Tail};
-use super::{pid_of, pidfd_open, wait_answering, BoxFuture, Conn, Connect, Exit, MemoryProbe, Process, Spawner, Spec};
-use super::{StartError, Stop, WorkerId};
+use super::process::{pid_of, pidfd_open, Exit, MemoryProbe, Process, StartError, Stop};
+use super::spawn::{wait_answering, Spawner, Spec};
+use super::wire::{BoxFuture, WorkerId};
 
 /// The worker id the preload parent's own output is logged under.
 pub const PARENT_ID: WorkerId = 0;
@@ -227,7 +229,7 @@ impl Process for Fork {
             return;
         }
         if let Some(fd) = &self.pidfd {
-            let _ = rustix::process::pidfd_send_signal(fd.get_ref(), super::signal(stop));
+            let _ = rustix::process::pidfd_send_signal(fd.get_ref(), super::process::signal(stop));
         }
     }
 

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Child;
 
-use super::WorkerId;
+use super::wire::WorkerId;
 
 /// How many of a worker's last output lines are kept to explain a failed start.
 const TAIL_LINES: usize = 40;

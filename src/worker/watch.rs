@@ -9,7 +9,8 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use super::{cpu_time, Exit, MemoryProbe, Process, Stop, WorkerId};
+use super::process::{cpu_time, Exit, MemoryProbe, Process, Stop};
+use super::wire::WorkerId;
 
 /// How long a worker gets between SIGTERM and SIGKILL.
 pub const KILL_AFTER: Duration = Duration::from_secs(3);

@@ -6,7 +6,22 @@ use std::io::Read;
 use http_body_util::{BodyExt, Full};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::net::TcpStream;
+
+use std::os::unix::ffi::OsStrExt;
+
+use tokio::sync::mpsc;
+
+use super::answer::{self, FrameHeader, HEADER_LEN};
+use super::hub::{same_secret, FrameConnector};
 use super::*;
+use crate::worker::conn::{Conn, Connect};
+use crate::worker::wire::{SendError, Spooled, WireBody, WorkerId};
 
 fn hello(id: &str, pid: u32, token: &str) -> Vec<u8> {
     let head = format!("valve-frames/1\n{id}\n{pid}\n{token}\n");

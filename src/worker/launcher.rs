@@ -1,0 +1,64 @@
+//! `RLauncher`: the real `Launch`, starting plain R processes (`spawn`) or
+//! forks of a preloaded parent (`fork`), each with its connector (frames or
+//! the worker's Unix socket).
+
+use std::io;
+use std::process::Stdio;
+use std::sync::Arc;
+
+use super::conn::{Connect, SocketConnector};
+use super::fork;
+use super::output::{self, Tail};
+use super::process::{Launch, Launched, Process, StartError};
+use super::spawn::{Plain, Spawner, Spec};
+use super::wire::{BoxFuture, WorkerId};
+
+/// Starts real R workers: plain R processes, or forks of a preloaded parent.
+pub struct RLauncher {
+    spec: Arc<Spec>,
+    spawner: Spawner,
+    forks: Option<fork::ForkServer>,
+}
+
+impl RLauncher {
+    /// Must be called inside the tokio runtime that will own the workers.
+    pub fn new(spec: Spec, preload: bool) -> io::Result<Self> {
+        Ok(RLauncher { spec: Arc::new(spec), spawner: Spawner::new()?, forks: preload.then(fork::ForkServer::new) })
+    }
+}
+
+impl Launch for RLauncher {
+    fn launch(&self, id: WorkerId) -> BoxFuture<'_, Result<Launched, StartError>> {
+        Box::pin(async move {
+            let socket = self.spec.socket_path(id);
+            let _ = std::fs::remove_file(&socket);
+            // A frames worker's hello is expected before the worker can say it.
+            let connector: Arc<dyn Connect> = match &self.spec.frames {
+                Some(hub) => Arc::new(hub.connector(id)),
+                None => Arc::new(SocketConnector::new(socket.clone())),
+            };
+            let process: Box<dyn Process> = match &self.forks {
+                Some(forks) => Box::new(forks.fork(&self.spec, &self.spawner, id, socket).await?),
+                None => {
+                    let mut cmd = self.spec.command("plain");
+                    cmd.env("VALVE_SOCKET", &socket).env("VALVE_WORKER_ID", id.to_string()).stdin(Stdio::null());
+                    let (mut child, own) = self.spawner.spawn(&self.spec.r_bin, cmd).await?;
+                    let pid = child.id().ok_or_else(|| io::Error::other("worker exited at once"))?;
+                    let tail = Arc::new(Tail::default());
+                    output::forward(&mut child, id, tail.clone());
+                    tracing::debug!(worker = id, pid, "worker launched");
+                    Box::new(Plain::new(child, own, pid, tail)?)
+                }
+            };
+            Ok(Launched { process, connector })
+        })
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Some(forks) = &self.forks {
+                forks.shutdown().await;
+            }
+        })
+    }
+}

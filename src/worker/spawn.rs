@@ -1,0 +1,301 @@
+//! Starting plain R workers: the R command line and environment every
+//! worker of an app shares (`Spec`), valve's private run directory, the one
+//! long-lived spawner thread (the parent-death signal follows the thread
+//! that forked), a plain worker process (`Plain`: the leader of its own
+//! process group, watched through its pidfd), and waiting until a starting
+//! worker answers.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustix::process::{Pid, Signal};
+use tokio::io::unix::AsyncFd;
+use tokio::process::{Child, Command};
+use tokio::sync::oneshot;
+
+use super::conn::{Conn, Connect};
+use super::frames::FrameHub;
+use super::output::Tail;
+use super::process::{pid_of, pidfd_open, signal, Exit, MemoryProbe, Process, StartError, Stop};
+use super::reap;
+use super::wire::{BoxFuture, WorkerId};
+use crate::config::AppSource;
+
+/// The R code each worker runs.
+const LAUNCHER: &str = include_str!("launcher.R");
+
+/// The frames request loop the launcher sources (bench/r-loop measured it).
+const LOOP: &str = include_str!("loop.R");
+
+/// What valve adds to glibc's tunables in every R process it starts: malloc
+/// asks the kernel for transparent huge pages (honoured when the kernel's THP
+/// mode is `madvise`, the default of many distributions; a no-op under
+/// `always` or `never`, or before glibc 2.35). R's heap then takes fewer TLB
+/// misses: ~5 % less R CPU on plumber's request path for ~1 % more memory
+/// (bench/r-cost; PSS unchanged with --preload, whose forks split the pages).
+const HUGE_PAGES: &str = "glibc.malloc.hugetlb=1";
+
+/// The workers' GLIBC_TUNABLES given the value they would inherit: the
+/// user's own `glibc.malloc.hugetlb` choice stands (`=0` turns this off);
+/// otherwise `HUGE_PAGES` is added to whatever else they set.
+pub(super) fn glibc_tunables(inherited: Option<&str>) -> Option<String> {
+    match inherited.map(str::trim) {
+        Some(t) if t.split(':').any(|kv| kv.trim().starts_with("glibc.malloc.hugetlb=")) => None,
+        Some(t) if !t.is_empty() => Some(format!("{t}:{HUGE_PAGES}")),
+        _ => Some(HUGE_PAGES.to_string()),
+    }
+}
+
+/// How often a starting worker's socket is probed.
+const PROBE_EVERY: Duration = Duration::from_millis(2);
+
+/// What every worker of one app shares.
+#[derive(Debug)]
+pub struct Spec {
+    pub r_bin: PathBuf,
+    pub app: AppSource,
+    /// The address clients use, so plumber's docs and messages show it.
+    pub public_host: String,
+    pub public_port: u16,
+    /// Extra environment for the app's workers (`env = { ... }` in a config file).
+    pub env: Vec<(String, String)>,
+    run_dir: Arc<tempfile::TempDir>,
+    launcher: PathBuf,
+    /// Set when plumber workers are reached over frames (else httpuv).
+    pub(super) frames: Option<Arc<FrameHub>>,
+}
+
+/// valve's private run directory (mode 0700): launchers, worker sockets, FIFOs
+/// and spooled bodies. Removed when the last holder drops it.
+pub fn run_dir() -> io::Result<Arc<tempfile::TempDir>> {
+    let dir = tempfile::Builder::new().prefix("valve-").tempdir()?;
+    std::fs::write(dir.path().join("launcher.R"), LAUNCHER)?;
+    std::fs::write(dir.path().join("loop.R"), LOOP)?;
+    Ok(Arc::new(dir))
+}
+
+impl Spec {
+    pub fn new(
+        run_dir: Arc<tempfile::TempDir>,
+        r_bin: PathBuf,
+        app: AppSource,
+        env: Vec<(String, String)>,
+        public_host: String,
+        public_port: u16,
+    ) -> Self {
+        let launcher = run_dir.path().join("launcher.R");
+        Spec { r_bin, app, public_host, public_port, env, run_dir, launcher, frames: None }
+    }
+
+    /// Workers of this app are reached over frames through `hub` (plumber
+    /// APIs only: Shiny needs httpuv's WebSockets).
+    pub fn over_frames(mut self, hub: Arc<FrameHub>) -> Self {
+        if !self.app.is_shiny() {
+            self.frames = Some(hub);
+        }
+        self
+    }
+
+    pub(super) fn path(&self, name: &str) -> PathBuf {
+        self.run_dir.path().join(name)
+    }
+
+    /// `R --file=launcher.R` with the environment every launcher mode reads.
+    pub(super) fn command(&self, mode: &str) -> Command {
+        let mut cmd = Command::new(&self.r_bin);
+        cmd.arg("--no-echo")
+            .arg("--no-restore")
+            .arg("--no-save")
+            .arg(format!("--file={}", self.launcher.display()))
+            .current_dir(self.app.workdir())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("VALVE_MODE", mode)
+            .env("VALVE_APP", self.app.path())
+            .env("VALVE_APP_KIND", self.app.kind())
+            .env("VALVE_PUBLIC_HOST", &self.public_host)
+            .env("VALVE_PUBLIC_PORT", self.public_port.to_string())
+            .env("VALVE_LOOP", self.path("loop.R"))
+            .env("VALVE_TRANSPORT", if self.frames.is_some() { "frames" } else { "httpuv" })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(hub) = &self.frames {
+            cmd.envs(hub.env());
+        }
+        let inherited = match self.env.iter().rev().find(|(k, _)| k == "GLIBC_TUNABLES") {
+            Some((_, v)) => Some(v.clone()),
+            None => std::env::var("GLIBC_TUNABLES").ok(),
+        };
+        if let Some(tunables) = glibc_tunables(inherited.as_deref()) {
+            cmd.env("GLIBC_TUNABLES", tunables);
+        }
+        let parent = std::process::id();
+        // SAFETY: only async-signal-safe calls (raw prctl, getppid and _exit
+        // syscalls) between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+                // valve may have died between fork and prctl; then nobody would kill us.
+                if rustix::process::getppid().map(Pid::as_raw_nonzero).map(|p| p.get() as u32) != Some(parent) {
+                    return Err(io::Error::other("valve exited while the worker started"));
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
+
+    pub(super) fn socket_path(&self, id: WorkerId) -> PathBuf {
+        self.path(&format!("w{id}.sock"))
+    }
+}
+
+/// A command for the spawner thread, and where to send the child.
+type SpawnJob = (Command, oneshot::Sender<io::Result<(Child, reap::Own)>>);
+
+/// Starts processes from one long-lived thread. Linux delivers the parent-death
+/// signal when the *thread* that forked a child exits, so children must not be
+/// forked from threads that come and go (tokio's blocking pool).
+#[derive(Clone, Debug)]
+pub(super) struct Spawner {
+    jobs: std::sync::mpsc::Sender<SpawnJob>,
+}
+
+impl Spawner {
+    pub(super) fn new() -> io::Result<Self> {
+        let handle = tokio::runtime::Handle::current();
+        let (jobs, rx) = std::sync::mpsc::channel::<SpawnJob>();
+        std::thread::Builder::new().name("valve-spawner".into()).spawn(move || {
+            let _runtime = handle.enter();
+            for (mut cmd, reply) in rx {
+                let _ = reply.send(reap::spawn(&mut cmd));
+            }
+        })?;
+        Ok(Spawner { jobs })
+    }
+
+    /// Spawns `cmd`; the child is valve's own (the reaper leaves it to tokio)
+    /// while the returned `Own` lives.
+    pub(super) async fn spawn(&self, r_bin: &Path, cmd: Command) -> Result<(Child, reap::Own), StartError> {
+        let (tx, rx) = oneshot::channel();
+        let gone = || StartError::Io(io::Error::other("spawner thread is gone"));
+        self.jobs.send((cmd, tx)).map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?.map_err(|e| StartError::NoR {
+            r_bin: r_bin.display().to_string(),
+            reason: match e.kind() {
+                io::ErrorKind::NotFound => {
+                    "not found (install R, e.g. `apt-get install r-base-core r-cran-plumber`, or pass --r-bin)".into()
+                }
+                io::ErrorKind::PermissionDenied => "permission denied (is it executable?)".into(),
+                _ => e.to_string(),
+            },
+        })
+    }
+}
+
+/// A plain worker: valve's own child, leader of its own process group.
+pub(super) struct Plain {
+    child: Child,
+    _own: reap::Own,
+    pid: u32,
+    pidfd: AsyncFd<OwnedFd>,
+    tail: Arc<Tail>,
+    exit: Option<Exit>,
+}
+
+impl Plain {
+    pub(super) fn new(child: Child, own: reap::Own, pid: u32, tail: Arc<Tail>) -> io::Result<Self> {
+        Ok(Plain { pidfd: pidfd_open(pid)?, child, _own: own, pid, tail, exit: None })
+    }
+}
+
+impl Process for Plain {
+    fn pid(&self) -> Option<u32> {
+        Some(self.pid)
+    }
+
+    fn ready<'a>(
+        &'a mut self,
+        connector: &'a dyn Connect,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Conn, StartError>> {
+        Box::pin(async move {
+            let tail = self.tail.clone();
+            connector.expect_pid(self.pid);
+            let answered = tokio::time::timeout(timeout, wait_answering(connector));
+            tokio::select! {
+                ready = answered => ready.map_err(|_| StartError::Timeout(timeout, tail.lines())),
+                exit = self.exited() => {
+                    // Let the output readers catch R's last words.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let code = match exit { Exit::Code(c) => Some(c), _ => None };
+                    Err(StartError::Exited { status: exit.describe(), code, tail: tail.lines() })
+                }
+            }
+        })
+    }
+
+    fn exited(&mut self) -> BoxFuture<'_, Exit> {
+        Box::pin(async move {
+            if let Some(exit) = &self.exit {
+                return exit.clone();
+            }
+            // Readable once the worker is a zombie: not reaped yet, so its pid,
+            // and the process group it leads, cannot have been taken by anyone
+            // else. Anything the worker started in its group goes with it.
+            let _ = self.pidfd.readable().await;
+            let _ = rustix::process::kill_process_group(pid_of(self.pid), Signal::KILL);
+            let exit = match self.child.wait().await {
+                Ok(status) => Exit::from_status(status),
+                Err(_) => Exit::Unknown,
+            };
+            self.exit = Some(exit.clone());
+            exit
+        })
+    }
+
+    fn signal(&self, stop: Stop) {
+        if self.exit.is_some() {
+            return;
+        }
+        // The whole group: whatever R started (a `system()` call) stops too.
+        // Safe: the leader is not reaped before `exited` has seen its exit.
+        let _ = rustix::process::kill_process_group(pid_of(self.pid), signal(stop));
+    }
+
+    fn memory(&self) -> Option<MemoryProbe> {
+        Some(MemoryProbe { pid: self.pid, private_only: false })
+    }
+}
+
+/// Probes until the worker answers.
+pub(super) async fn wait_answering(connector: &dyn Connect) -> Conn {
+    loop {
+        if let Ok(conn) = connector.probe().await {
+            return conn;
+        }
+        tokio::time::sleep(PROBE_EVERY).await;
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::glibc_tunables;
+
+    #[test]
+    fn workers_ask_for_huge_pages_unless_the_user_chose() {
+        assert_eq!(glibc_tunables(None).as_deref(), Some("glibc.malloc.hugetlb=1"));
+        assert_eq!(glibc_tunables(Some("")).as_deref(), Some("glibc.malloc.hugetlb=1"));
+        assert_eq!(
+            glibc_tunables(Some("glibc.malloc.arena_max=2")).as_deref(),
+            Some("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"),
+            "the user's other tunables are kept"
+        );
+        assert_eq!(glibc_tunables(Some("glibc.malloc.hugetlb=0")), None, "=0 turns it off");
+        assert_eq!(glibc_tunables(Some("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=2")), None);
+    }
+}
