@@ -34,35 +34,21 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 
 use crate::admin::Admin;
-use crate::app::pool::Limits;
-use crate::app::{Fleet, Settings};
-use crate::config::{AppConfig, Config, Source, Transport};
+use crate::app::Fleet;
+use crate::config::{Config, Source, Transport};
 use crate::http::forward::{Forwarder, MAX_HEAD_BYTES};
 use crate::http::router::Router;
 use crate::http::server::{ClientLimits, Drained, Front};
 use crate::metrics::Registry;
+pub use crate::reload::RunError;
 use crate::reload::{Apps, Reloader};
 use crate::shutdown::Shutdown;
-use crate::worker::StartError;
 
 /// How often the start-up reports progress while the first workers load.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
 /// The longest a client may leave an answer unread or a body unsent.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Why valve could not serve.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error("cannot listen on {addr}: {error}{hint}")]
-    Bind { addr: String, error: std::io::Error, hint: &'static str },
-    #[error("cannot create the private run directory: {0} (check TMPDIR)")]
-    RunDir(std::io::Error),
-    #[error("cannot listen on loopback for workers: {0} (or run with --worker-transport httpuv)")]
-    WorkerListener(std::io::Error),
-    #[error("the app {app} ({path}) could not start: {error}")]
-    Start { app: String, path: String, error: StartError },
-}
 
 /// What valve serves, once every app is ready.
 #[derive(Debug, Clone)]
@@ -104,26 +90,6 @@ async fn bind_one(addr: &str, what: &'static str) -> Result<TcpListener, RunErro
         },
         error,
     })
-}
-
-pub(crate) fn settings(app: &AppConfig, check_unused: Duration) -> Settings {
-    Settings {
-        name: app.name.clone(),
-        limits: Limits {
-            n_min: app.n_min,
-            n_max: app.n_max,
-            max_requests: app.max_requests,
-            max_memory: app.max_worker_memory,
-            max_sessions: app.max_sessions,
-            busy_threshold: if app.is_shiny() { app.busy_threshold } else { 0.0 },
-        },
-        max_age: app.max_age,
-        check_unused,
-        start_timeout: app.start_timeout,
-        queue_size: app.queue_size,
-        queue_timeout: app.queue_timeout,
-        request_timeout: app.request_timeout,
-    }
 }
 
 /// Serves `config` on `listener` until `shutdown` has run its course: starts

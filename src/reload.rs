@@ -26,12 +26,24 @@ use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
-use crate::app::{Fleet, Supervisor};
+use crate::app::{Fleet, Settings, Supervisor};
 use crate::config::{AppConfig, AppSource, Config, LoadError, Source};
 use crate::http::router::{Mounted, Router, Table};
 use crate::metrics::Registry;
 use crate::worker::{FrameHub, RLauncher, Spec, StartError};
-use crate::{settings, RunError};
+
+/// Why valve could not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot listen on {addr}: {error}{hint}")]
+    Bind { addr: String, error: std::io::Error, hint: &'static str },
+    #[error("cannot create the private run directory: {0} (check TMPDIR)")]
+    RunDir(std::io::Error),
+    #[error("cannot listen on loopback for workers: {0} (or run with --worker-transport httpuv)")]
+    WorkerListener(std::io::Error),
+    #[error("the app {app} ({path}) could not start: {error}")]
+    Start { app: String, path: String, error: StartError },
+}
 
 /// How long the previous generation of a changed app keeps the Shiny
 /// sessions (and long requests) it holds: until they end, but not forever.
@@ -140,7 +152,7 @@ impl Apps {
         let launcher = RLauncher::new(spec, app.preload).map_err(RunError::RunDir)?;
         Ok(Supervisor::new(
             self.fleet.clone(),
-            settings(app, check_unused),
+            Settings::from_config(app, check_unused),
             Box::new(launcher),
             self.registry.app(&app.name),
         ))

@@ -15,13 +15,13 @@ use crate::app::Fleet;
 use crate::config::Config;
 use crate::http::reply::{error, redirect, text, ReplyBody};
 use crate::http::router::{Router, Table};
+use crate::http::server::Pages;
 use crate::metrics::{Gauges, Registry};
 use crate::reload::Reloader;
 
 const DASHBOARD: &str = include_str!("dashboard.html");
 
-/// valve's own path prefix; never forwarded to R.
-pub const PREFIX: &str = "/__valve__";
+pub use crate::config::{is_admin_path, ADMIN_PREFIX as PREFIX};
 
 pub struct Admin {
     router: Arc<Router>,
@@ -33,11 +33,6 @@ pub struct Admin {
     config: serde_json::Value,
     /// Reloads the configuration (`POST /__valve__/reload`).
     reloader: OnceLock<Arc<Reloader>>,
-}
-
-/// Whether a path is one of valve's own (`/__valve__` or below it).
-pub fn is_admin_path(path: &str) -> bool {
-    path.strip_prefix(PREFIX).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
 impl Admin {
@@ -266,4 +261,19 @@ pub fn listing(table: &Table) -> Response<ReplyBody> {
 
 fn html_escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+impl Pages for Admin {
+    fn handle<'a>(
+        &'a self,
+        method: &'a Method,
+        path: &'a str,
+        private: bool,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response<ReplyBody>> + Send + 'a>> {
+        Box::pin(Admin::handle(self, method, path, private))
+    }
+
+    fn listing(&self, table: &Table) -> Response<ReplyBody> {
+        listing(table)
+    }
 }

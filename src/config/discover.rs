@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::ConfigError;
+use super::error::ConfigError;
 
 /// What valve serves.
 #[derive(Clone, Debug, PartialEq, Eq)]

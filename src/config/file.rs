@@ -8,87 +8,21 @@
 //! the flag's default. Server settings: flag, then file, then default.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use toml::Spanned;
 
+use super::discover;
+use super::error::{parse_seconds, parse_size};
 use super::flags::Args;
-use super::{discover, parse_seconds, parse_size, AppConfig, AppSource, Config, Server};
+use super::keys::{edit_distance, flag_name, APP_KEYS, APP_ONLY, SERVER_KEYS};
+use super::model::{self, normal_prefix, valid_name, AppConfig, Config, Server};
+use super::problems::{line_col, Problem, Problems};
 
 type Val = Spanned<toml::Value>;
+
 type Table = BTreeMap<String, Val>;
-
-/// Keys an `[[app]]` table may hold that also work at the top level, as defaults.
-const APP_KEYS: &[&str] = &[
-    "n_min",
-    "n_max",
-    "max_age",
-    "preload",
-    "request_timeout",
-    "queue_size",
-    "queue_timeout",
-    "max_body_size",
-    "max_requests",
-    "max_worker_memory",
-    "max_sessions",
-    "busy_threshold",
-    "r_bin",
-    "start_timeout",
-    "env",
-];
-/// Keys only an `[[app]]` table holds.
-const APP_ONLY: &[&str] = &["name", "path", "file", "hostname"];
-/// Server settings (top level only).
-const SERVER_KEYS: &[&str] = &[
-    "host",
-    "port",
-    "workers",
-    "max_workers",
-    "check_unused",
-    "graceful_timeout",
-    "header_timeout",
-    "drain_delay",
-    "admin_addr",
-    "admin_on_main",
-    "no_access_log",
-    "log_format",
-    "worker_transport",
-];
-
-/// One problem, where it is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    /// 1-based; 0 when the problem has no place in the file (a flag's value).
-    pub line: usize,
-    pub col: usize,
-    pub message: String,
-}
-
-/// Everything wrong with one config file.
-#[derive(Debug, Clone)]
-pub struct Problems {
-    pub file: PathBuf,
-    pub list: Vec<Problem>,
-}
-
-impl fmt::Display for Problems {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, p) in self.list.iter().enumerate() {
-            if i > 0 {
-                writeln!(f)?;
-            }
-            match p.line {
-                0 => write!(f, "{}: {}", self.file.display(), p.message)?,
-                line => write!(f, "{}:{}:{}: {}", self.file.display(), line, p.col, p.message)?,
-            }
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for Problems {}
 
 #[derive(serde::Deserialize)]
 struct Apps {
@@ -121,14 +55,6 @@ pub fn load(path: &Path, args: &Args) -> Result<Config, Problems> {
             Err(Problems { file: path.to_path_buf(), list })
         }
     }
-}
-
-/// 1-based line and column of a byte offset.
-fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let before = &text[..offset.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let col = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
-    (line, col)
 }
 
 /// The resolution of one file: what it says, what the flags say, what is wrong.
@@ -275,12 +201,12 @@ impl<'a> Cx<'a> {
             header_timeout: self.seconds("header_timeout", None, &a.header_timeout, false)?,
             drain_delay: self.seconds("drain_delay", None, &a.drain_delay, true)?,
             check_unused: self.seconds("check_unused", None, &a.check_unused, false)?,
-            admin_addr: super::admin_addr(&admin_addr),
+            admin_addr: model::admin_addr(&admin_addr),
             admin_on_main: self.boolean("admin_on_main", None, a.admin_on_main)?,
             access_log: !self.boolean("no_access_log", None, a.no_access_log)?,
             log_json: log_format == "json",
             max_workers,
-            worker_transport: super::flags::transport(&transport),
+            worker_transport: model::transport(&transport),
         })
     }
 
@@ -526,248 +452,9 @@ impl<'a> Cx<'a> {
     }
 }
 
-/// The flag a key stands for, for messages about flag values.
-fn flag_name(key: &str) -> &'static str {
-    match key {
-        "max_age" => "--max-age",
-        "request_timeout" => "--request-timeout",
-        "queue_timeout" => "--queue-timeout",
-        "start_timeout" => "--start-timeout",
-        "graceful_timeout" => "--graceful-timeout",
-        "header_timeout" => "--header-timeout",
-        "drain_delay" => "--drain-delay",
-        "check_unused" => "--check-unused",
-        "max_body_size" => "--max-body-size",
-        "max_worker_memory" => "--max-worker-memory",
-        _ => "a setting",
-    }
-}
-
-/// An app's label: used in logs, metric labels and URLs of `--site`.
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 100 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-}
-
 fn valid_hostname(h: &str) -> bool {
     !h.is_empty() && h.len() <= 253 && h.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b))
 }
 
-/// `"/sales/"` → `"/sales"`; `"/"` stays. Refuses what could not be a URL prefix.
-pub fn normal_prefix(p: &str) -> Result<String, String> {
-    if !p.starts_with('/') {
-        return Err("must start with `/` (such as \"/sales\", or \"/\" for the root)".into());
-    }
-    if p.contains(['?', '#', ' ', '\\', '%']) || p.contains("//") || p.split('/').any(|s| s == "." || s == "..") {
-        return Err("must be a plain URL path (letters, digits, `-`, `_`, `.` and `/`)".into());
-    }
-    let trimmed = p.trim_end_matches('/');
-    let prefix = if trimmed.is_empty() { "/".to_string() } else { trimmed.to_string() };
-    if crate::admin::is_admin_path(&prefix) {
-        return Err("/__valve__ is valve's own; pick another path".into());
-    }
-    Ok(prefix)
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
-}
-
-/// A folder of apps (`--site DIR`): each sub-folder holding a plumber API or a
-/// Shiny app, served at `/<folder>` with the flags' settings. Folders that
-/// hold no app, hidden ones and names that are not plain URL segments are
-/// skipped (and said so in `notes`).
-pub fn site(
-    dir: &Path,
-    template: impl Fn(AppSource, String, String) -> Result<AppConfig, super::ConfigError>,
-) -> Result<(Vec<AppConfig>, Vec<String>), super::ConfigError> {
-    let entries = std::fs::read_dir(dir).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => super::ConfigError::NotFound {
-            path: dir.display().to_string(),
-            what: "--site: a folder whose sub-folders are apps".into(),
-        },
-        _ => super::ConfigError::Unreadable { path: dir.display().to_string(), reason: e.to_string() },
-    })?;
-    let mut folders: Vec<PathBuf> = entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
-    folders.sort();
-    let mut apps = Vec::new();
-    let mut notes = Vec::new();
-    for folder in folders {
-        let name = folder.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        if name.starts_with('.') {
-            continue;
-        }
-        if !valid_name(&name) {
-            notes.push(format!(
-                "--site: skipping {}: its name is not a plain URL segment (letters, digits, -, _, .)",
-                folder.display()
-            ));
-            continue;
-        }
-        match discover::resolve(&folder, "--site") {
-            Ok(source) => apps.push(template(source, name.clone(), format!("/{name}"))?),
-            Err(super::ConfigError::EmptyDir(_)) => {
-                notes.push(format!(
-                    "--site: skipping {}: it holds no plumber.R, entrypoint.R, app.R or server.R",
-                    folder.display()
-                ));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    if apps.is_empty() {
-        return Err(super::ConfigError::EmptySite(dir.display().to_string()));
-    }
-    Ok((apps, notes))
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser;
-
-    fn args(extra: &[&str]) -> Args {
-        let mut argv = vec!["valve"];
-        argv.extend_from_slice(extra);
-        Args::try_parse_from(argv).unwrap()
-    }
-
-    /// A folder with a config file and two apps; returns (dir, config path).
-    fn site_with(config: &str) -> (tempfile::TempDir, PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("sales")).unwrap();
-        std::fs::write(dir.path().join("sales/plumber.R"), "#* @get /x\nfunction() 1\n").unwrap();
-        std::fs::create_dir(dir.path().join("explorer")).unwrap();
-        std::fs::write(dir.path().join("explorer/app.R"), "shinyApp(ui, server)\n").unwrap();
-        let path = dir.path().join("valve.toml");
-        std::fs::write(&path, config).unwrap();
-        (dir, path)
-    }
-
-    const GOOD: &str = r#"
-host = "0.0.0.0"
-port = 3000
-max_workers = 8
-max_age = 60
-
-[[app]]
-name = "sales"
-path = "/sales/"
-file = "sales/plumber.R"
-n_min = 1
-n_max = 4
-env = { DB = "x" }
-
-[[app]]
-name = "explorer"
-path = "/explorer"
-file = "explorer"
-n_min = 0
-max_sessions = 10
-hostname = "Apps.Example.com"
-"#;
-
-    #[test]
-    fn a_config_file_of_two_apps() {
-        let (_d, path) = site_with(GOOD);
-        let c = load(&path, &args(&[])).unwrap();
-        assert_eq!((c.server.host.as_str(), c.server.port, c.server.max_workers), ("0.0.0.0", 3000, 8));
-        let sales = &c.apps[0];
-        assert_eq!((sales.name.as_str(), sales.prefix.as_str(), sales.n_min, sales.n_max), ("sales", "/sales", 1, 4));
-        assert_eq!(sales.env, vec![("DB".to_string(), "x".to_string())]);
-        assert_eq!(sales.max_age, Duration::from_secs(60), "top-level defaults apply");
-        assert!(matches!(sales.source, AppSource::PlumberFile(_)));
-        let explorer = &c.apps[1];
-        assert!(explorer.is_shiny());
-        assert_eq!((explorer.n_min, explorer.max_sessions), (0, 10));
-        assert_eq!(explorer.hostname.as_deref(), Some("apps.example.com"));
-    }
-
-    #[test]
-    fn an_apps_key_beats_a_flag_which_beats_the_top_level() {
-        let (_d, path) = site_with(GOOD);
-        let mut a = args(&["--max-age", "5", "--n-max", "2", "--port", "4000"]);
-        a.explicit = ["max_age", "n_max", "port"].iter().map(|s| s.to_string()).collect();
-        let c = load(&path, &a).unwrap();
-        assert_eq!(c.apps[0].max_age, Duration::from_secs(5), "flag over top level");
-        assert_eq!(c.apps[0].n_max, 4, "the app's own key over the flag");
-        assert_eq!(c.apps[1].n_max, 2);
-        assert_eq!(c.server.port, 4000);
-    }
-
-    #[test]
-    fn every_problem_is_listed_with_its_line() {
-        let (_d, path) = site_with(
-            r#"max_workers = 1
-n_maxx = 3
-
-[[app]]
-file = "nowhere"
-path = "sales"
-n_min = 2
-
-[[app]]
-file = "explorer"
-preload = true
-request_timeout = "soon"
-"#,
-        );
-        let e = load(&path, &args(&[])).unwrap_err();
-        let text = e.to_string();
-        assert!(text.contains(":2:1: unknown key `n_maxx` at the top level (did you mean `n_max`?)"), "{text}");
-        assert!(text.contains(":5:8: file = \"nowhere\": app not found"), "{text}");
-        assert!(text.contains(":6:8: path = \"sales\": must start with `/`"), "{text}");
-        assert!(text.contains(":12:19: request_timeout = \"soon\": not a number of seconds"), "{text}");
-    }
-
-    #[test]
-    fn syntax_errors_say_where() {
-        let (_d, path) = site_with("[[app]\nfile = 1\n");
-        let e = load(&path, &args(&[])).unwrap_err();
-        assert_eq!(e.list.len(), 1);
-        assert_eq!(e.list[0].line, 1, "{e}");
-    }
-
-    #[test]
-    fn mount_points_and_names_are_used_once_and_n_min_fits_the_budget() {
-        let (_d, path) = site_with(
-            r#"max_workers = 2
-[[app]]
-file = "sales"
-path = "/a"
-n_min = 2
-[[app]]
-file = "sales/plumber.R"
-name = "sales"
-path = "/a/"
-n_min = 1
-"#,
-        );
-        let text = load(&path, &args(&[])).unwrap_err().to_string();
-        assert!(text.contains("app name `sales` is already used by the app at line 2"), "{text}");
-        assert!(text.contains("path `/a` is already served by app `sales`"), "{text}");
-        assert!(text.contains("max_workers = 2: raise max_workers") || text.contains("add up to 3"), "{text}");
-    }
-
-    #[test]
-    fn prefixes_are_normalised_or_refused() {
-        assert_eq!(normal_prefix("/sales/").unwrap(), "/sales");
-        assert_eq!(normal_prefix("/").unwrap(), "/");
-        assert_eq!(
-            normal_prefix("//").unwrap_err(),
-            "must be a plain URL path (letters, digits, `-`, `_`, `.` and `/`)"
-        );
-        assert!(normal_prefix("/__valve__/x").is_err());
-        assert!(normal_prefix("/a/../b").is_err());
-    }
-}
+mod tests;

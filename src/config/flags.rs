@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 
-use super::{
-    discover, file, parse_seconds, parse_size, AppConfig, AppSource, Config, ConfigError, Server, Source, Transport,
-};
+use super::discover::{self, AppSource};
+use super::error::{parse_seconds, parse_size, ConfigError};
+use super::model::{admin_addr, transport, AppConfig, Config, Server};
+use super::site;
 
 /// One port in front of a pool of R worker processes running a plumber API or a Shiny app.
 ///
@@ -221,17 +222,6 @@ impl Args {
         Ok(args)
     }
 
-    /// Where the configuration comes from: `--config`, `--site` or the flags alone.
-    pub fn source(&self) -> Result<Source, ConfigError> {
-        let file_given = self.explicit.contains("file");
-        match (&self.config, &self.site) {
-            (Some(_), _) | (_, Some(_)) if file_given => Err(ConfigError::Several),
-            (Some(path), _) => Ok(Source::File(path.clone(), self.clone())),
-            (None, Some(dir)) => Ok(Source::Site(dir.clone(), self.clone())),
-            (None, None) => Ok(Source::Flags(self.clone())),
-        }
-    }
-
     /// Checks the per-app flags alone.
     fn check_pool_flags(&self) -> Result<(), ConfigError> {
         if self.n_max == 0 {
@@ -267,7 +257,7 @@ impl Args {
     /// `--site DIR`: each app folder at `/<folder>`, with the flags' settings.
     pub fn site(&self, dir: &Path) -> Result<Config, ConfigError> {
         self.check_pool_flags()?;
-        let (apps, notes) = file::site(dir, |source, name, prefix| self.app(name, prefix, source, self.preload))?;
+        let (apps, notes) = site::site(dir, |source, name, prefix| self.app(name, prefix, source, self.preload))?;
         let n_min: usize = apps.iter().map(|a| a.n_min).sum();
         let server = self.server(self.max_workers.unwrap_or_else(|| apps.iter().map(|a| a.n_max).sum()))?;
         if n_min > server.max_workers {
@@ -318,21 +308,13 @@ impl Args {
             header_timeout: parse_seconds("--header-timeout", &self.header_timeout, false)?,
             drain_delay: parse_seconds("--drain-delay", &self.drain_delay, true)?,
             check_unused: parse_seconds("--check-unused", &self.check_unused, false)?,
-            admin_addr: super::admin_addr(&self.admin_addr),
+            admin_addr: admin_addr(&self.admin_addr),
             admin_on_main: self.admin_on_main,
             access_log: !self.no_access_log,
             log_json: self.log_format == "json",
             max_workers,
             worker_transport: transport(&self.worker_transport),
         })
-    }
-}
-
-/// `--worker-transport`: clap allows only `frames` and `httpuv`.
-pub(super) fn transport(value: &str) -> Transport {
-    match value {
-        "httpuv" => Transport::Httpuv,
-        _ => Transport::Frames,
     }
 }
 

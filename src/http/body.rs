@@ -128,18 +128,24 @@ impl Payload {
         }
     }
 
-    /// The body as a client receives it.
-    pub fn reply(self) -> super::reply::ReplyBody {
-        use super::reply::ReplyBody;
+    /// What the body holds, taken out of its store (for an answer to a
+    /// client): its share of the memory budget goes now, hyper writes small
+    /// answers out at once; a spool file's name goes now, the open file lives
+    /// until the answer is sent.
+    pub fn into_contents(self) -> Contents {
         match self.store {
-            Store::Empty => ReplyBody::Empty,
-            // The share of the memory budget goes when the answer is built;
-            // hyper writes small answers out at once.
-            Store::Memory { bytes, .. } => ReplyBody::Full(Full::new(bytes)),
-            // The name goes now; the open file lives until the answer is sent.
-            Store::File { file, .. } => ReplyBody::File(FileBody::new(file, self.len)),
+            Store::Empty => Contents::Empty,
+            Store::Memory { bytes, .. } => Contents::Memory(bytes),
+            Store::File { file, .. } => Contents::File(FileBody::new(file, self.len)),
         }
     }
+}
+
+/// A body's contents, out of its store.
+pub enum Contents {
+    Empty,
+    Memory(Bytes),
+    File(FileBody),
 }
 
 /// Reads `body` whole: at most `limit` bytes, failing if nothing arrives for

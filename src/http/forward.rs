@@ -447,7 +447,7 @@ impl Forwarder {
                     // The API has no `/` route: send people to the docs, as the reference tool did.
                     return redirect(&join(&app.config.prefix, DOCS_PATH));
                 }
-                answer(parts, payload.reply())
+                answer(parts, ReplyBody::from(payload))
             }
             Answer::Stream(body) => {
                 let mut resp = Response::from_parts(parts, body);

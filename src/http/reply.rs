@@ -11,7 +11,18 @@ use http::{Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 
-use super::body::FileBody;
+use super::body::{Contents, FileBody, Payload};
+
+/// A body read whole (a plumber worker's answer) as the client receives it.
+impl From<Payload> for ReplyBody {
+    fn from(payload: Payload) -> ReplyBody {
+        match payload.into_contents() {
+            Contents::Empty => ReplyBody::Empty,
+            Contents::Memory(bytes) => ReplyBody::Full(Full::new(bytes)),
+            Contents::File(file) => ReplyBody::File(file),
+        }
+    }
+}
 
 /// What valve sends back to a client.
 pub enum ReplyBody {

@@ -24,10 +24,26 @@ use tokio_util::task::TaskTracker;
 
 use super::forward::{Forwarder, Served};
 use super::reply::{error, redirect, ReplyBody};
-use super::router::{Routed, Router};
-use crate::admin::{is_admin_path, Admin};
+use super::router::{Routed, Router, Table};
+use crate::config::is_admin_path;
 use crate::shutdown::Shutdown;
 use crate::worker::ClientAddrs;
+
+/// valve's own pages, as the listeners serve them. The admin module
+/// implements it and `lib.rs` hands it in, so this module names no layer
+/// above it.
+pub trait Pages: Send + Sync {
+    /// Answers a path for which `config::is_admin_path` holds. `private`: the
+    /// request came to the admin listener (or the main port serves every page).
+    fn handle<'a>(
+        &'a self,
+        method: &'a http::Method,
+        path: &'a str,
+        private: bool,
+    ) -> Pin<Box<dyn Future<Output = Response<ReplyBody>> + Send + 'a>>;
+    /// `--site`'s page at `/` when no app is mounted there.
+    fn listing(&self, table: &Table) -> Response<ReplyBody>;
+}
 
 /// How the drain at shutdown ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +72,7 @@ pub struct Front {
     pub forwarder: Forwarder,
     /// valve's own pages: health and readiness always, the rest when
     /// `admin_on_main` (else they are on the admin listener only).
-    admin: Arc<Admin>,
+    admin: Arc<dyn Pages>,
     admin_on_main: bool,
     /// Fired when a stop was asked for: answers carry `Connection: close`.
     closing: CancellationToken,
@@ -69,7 +85,7 @@ impl Front {
     pub fn new(
         router: Arc<Router>,
         forwarder: Forwarder,
-        admin: Arc<Admin>,
+        admin: Arc<dyn Pages>,
         admin_on_main: bool,
         closing: CancellationToken,
         access_log: bool,
@@ -102,7 +118,7 @@ impl Front {
         let (mounted, inner) = match table.route(host, req.uri().path(), req.uri().query()) {
             Routed::App(m, inner) => (m, inner),
             Routed::AddSlash(location) => return redirect(&location),
-            Routed::Nowhere if self.listing && req.uri().path() == "/" => return crate::admin::listing(&table),
+            Routed::Nowhere if self.listing && req.uri().path() == "/" => return self.admin.listing(&table),
             Routed::Nowhere => return error(StatusCode::NOT_FOUND, "no app is mounted at this path"),
         };
         let start = Instant::now();
@@ -266,7 +282,7 @@ pub const ADMIN_CONNECTIONS: usize = 64;
 
 /// Serves valve's own pages on a listener of their own (`--admin-addr`) until
 /// valve exits: it stays up through the drain so readiness can say so.
-pub fn serve_admin(listener: TcpListener, admin: Arc<Admin>, limits: ClientLimits) {
+pub fn serve_admin(listener: TcpListener, admin: Arc<dyn Pages>, limits: ClientLimits) {
     let http = builder(limits);
     let slots = Arc::new(tokio::sync::Semaphore::new(ADMIN_CONNECTIONS));
     tokio::spawn(async move {

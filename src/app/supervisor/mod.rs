@@ -41,6 +41,7 @@ use tokio_util::task::TaskTracker;
 
 use super::lease::Lease;
 use super::pool::{Ids, Limits, Pool, WorkerId};
+use crate::config::AppConfig;
 use crate::metrics::AppMetrics;
 use crate::worker::{Conn, Connect, Exit, Launch, Stop};
 
@@ -76,6 +77,29 @@ pub struct Settings {
     pub queue_size: usize,
     pub queue_timeout: Duration,
     pub request_timeout: Option<Duration>,
+}
+
+impl Settings {
+    /// An app's settings as its supervisor needs them.
+    pub fn from_config(app: &AppConfig, check_unused: Duration) -> Settings {
+        Settings {
+            name: app.name.clone(),
+            limits: Limits {
+                n_min: app.n_min,
+                n_max: app.n_max,
+                max_requests: app.max_requests,
+                max_memory: app.max_worker_memory,
+                max_sessions: app.max_sessions,
+                busy_threshold: if app.is_shiny() { app.busy_threshold } else { 0.0 },
+            },
+            max_age: app.max_age,
+            check_unused,
+            start_timeout: app.start_timeout,
+            queue_size: app.queue_size,
+            queue_timeout: app.queue_timeout,
+            request_timeout: app.request_timeout,
+        }
+    }
 }
 
 /// One app's supervisor.

@@ -1,0 +1,97 @@
+//! Why a configuration from flags was refused (`ConfigError`: each message
+//! names the value and what to try), and the units flags are given in.
+
+use std::time::Duration;
+
+/// Why a configuration was refused. Each message names the value and what to try.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("app not found: {path} (pass a plumber file, a folder holding entrypoint.R or plumber.R, or a Shiny app folder with {what})")]
+    NotFound { path: String, what: String },
+    #[error("cannot read {path}: {reason}")]
+    Unreadable { path: String, reason: String },
+    #[error("folder {0} holds no entrypoint.R, plumber.R, server.R or app.R (pass the app file itself with -f)")]
+    EmptyDir(String),
+    #[error("--max-sessions must be at least 1")]
+    ZeroSessions,
+    #[error("--n-min {n_min} is above --n-max {n_max}: raise --n-max or lower --n-min")]
+    MinAboveMax { n_min: usize, n_max: usize },
+    #[error("--n-max must be at least 1")]
+    ZeroMax,
+    #[error("--workers must be at least 1")]
+    ZeroThreads,
+    #[error("{flag} {value:?} is not a number of seconds (try {flag} 10 or {flag} 0.5)")]
+    BadSeconds { flag: &'static str, value: String },
+    #[error("{flag} {value:?} is not a size (try {flag} 512KB, 10MB or 1GB)")]
+    BadSize { flag: &'static str, value: String },
+    #[error("--queue-size must be at least 1")]
+    ZeroQueue,
+    #[error("--site {0} holds no app folders (each sub-folder with plumber.R, entrypoint.R, app.R or server.R is served at /<folder>/)")]
+    EmptySite(String),
+    #[error(
+        "--n-min adds up to {n_min} over the apps, above --max-workers {max}: raise --max-workers or lower --n-min"
+    )]
+    MinAboveBudget { n_min: usize, max: usize },
+    #[error("use one of -f/--file, --config and --site, not several")]
+    Several,
+}
+
+/// Parses `512KB`, `10MB`, `1GB`, `1.5GB`, `2048` (bytes). Units are powers of
+/// 1024, as R's `object.size` and most servers' limits count them.
+pub fn parse_size(flag: &'static str, value: &str) -> Result<u64, ConfigError> {
+    let bad = || ConfigError::BadSize { flag, value: value.to_string() };
+    let v = value.trim().to_ascii_uppercase();
+    let split = v.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(v.len());
+    let (num, unit) = v.split_at(split);
+    let num: f64 = num.parse().map_err(|_| bad())?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        "G" | "GB" | "GIB" => 1 << 30,
+        "T" | "TB" | "TIB" => 1 << 40,
+        _ => return Err(bad()),
+    };
+    let bytes = num * mult as f64;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
+        return Err(bad());
+    }
+    Ok(bytes as u64)
+}
+
+/// Parses a number of seconds (`10`, `0.5`); `allow_zero` where 0 means "none".
+pub fn parse_seconds(flag: &'static str, value: &str, allow_zero: bool) -> Result<Duration, ConfigError> {
+    let bad = || ConfigError::BadSeconds { flag, value: value.to_string() };
+    let secs: f64 = value.trim().parse().map_err(|_| bad())?;
+    if !secs.is_finite() || secs < 0.0 || (!allow_zero && secs == 0.0) || secs > 1e9 {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_like_people_write_them() {
+        assert_eq!(parse_size("--max-body-size", "512KB").unwrap(), 512 * 1024);
+        assert_eq!(parse_size("--max-body-size", "10MB").unwrap(), 10 << 20);
+        assert_eq!(parse_size("--max-body-size", "1gb").unwrap(), 1 << 30);
+        assert_eq!(parse_size("--max-body-size", "1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_size("--max-body-size", "2048").unwrap(), 2048);
+        let err = parse_size("--max-body-size", "lots").unwrap_err();
+        assert_eq!(err.to_string(), "--max-body-size \"lots\" is not a size (try --max-body-size 512KB, 10MB or 1GB)");
+        assert!(parse_size("--max-body-size", "10XB").is_err());
+        assert!(parse_size("--max-body-size", "0").is_err());
+    }
+
+    #[test]
+    fn seconds_accept_fractions_and_zero_where_it_means_none() {
+        assert_eq!(parse_seconds("--x", "0.5", false).unwrap(), Duration::from_millis(500));
+        assert!(parse_seconds("--x", "0", false).is_err());
+        assert_eq!(parse_seconds("--x", "0", true).unwrap(), Duration::ZERO);
+        assert!(parse_seconds("--x", "-1", true).is_err());
+        assert!(parse_seconds("--x", "soon", true).unwrap_err().to_string().contains("--x \"soon\""));
+    }
+}

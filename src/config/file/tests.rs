@@ -1,0 +1,137 @@
+//! The config file reader against small files: every problem with its place.
+
+use super::*;
+use crate::config::AppSource;
+use clap::Parser;
+
+fn args(extra: &[&str]) -> Args {
+    let mut argv = vec!["valve"];
+    argv.extend_from_slice(extra);
+    Args::try_parse_from(argv).unwrap()
+}
+
+/// A folder with a config file and two apps; returns (dir, config path).
+fn site_with(config: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("sales")).unwrap();
+    std::fs::write(dir.path().join("sales/plumber.R"), "#* @get /x\nfunction() 1\n").unwrap();
+    std::fs::create_dir(dir.path().join("explorer")).unwrap();
+    std::fs::write(dir.path().join("explorer/app.R"), "shinyApp(ui, server)\n").unwrap();
+    let path = dir.path().join("valve.toml");
+    std::fs::write(&path, config).unwrap();
+    (dir, path)
+}
+
+const GOOD: &str = r#"
+host = "0.0.0.0"
+port = 3000
+max_workers = 8
+max_age = 60
+
+[[app]]
+name = "sales"
+path = "/sales/"
+file = "sales/plumber.R"
+n_min = 1
+n_max = 4
+env = { DB = "x" }
+
+[[app]]
+name = "explorer"
+path = "/explorer"
+file = "explorer"
+n_min = 0
+max_sessions = 10
+hostname = "Apps.Example.com"
+"#;
+
+#[test]
+fn a_config_file_of_two_apps() {
+    let (_d, path) = site_with(GOOD);
+    let c = load(&path, &args(&[])).unwrap();
+    assert_eq!((c.server.host.as_str(), c.server.port, c.server.max_workers), ("0.0.0.0", 3000, 8));
+    let sales = &c.apps[0];
+    assert_eq!((sales.name.as_str(), sales.prefix.as_str(), sales.n_min, sales.n_max), ("sales", "/sales", 1, 4));
+    assert_eq!(sales.env, vec![("DB".to_string(), "x".to_string())]);
+    assert_eq!(sales.max_age, Duration::from_secs(60), "top-level defaults apply");
+    assert!(matches!(sales.source, AppSource::PlumberFile(_)));
+    let explorer = &c.apps[1];
+    assert!(explorer.is_shiny());
+    assert_eq!((explorer.n_min, explorer.max_sessions), (0, 10));
+    assert_eq!(explorer.hostname.as_deref(), Some("apps.example.com"));
+}
+
+#[test]
+fn an_apps_key_beats_a_flag_which_beats_the_top_level() {
+    let (_d, path) = site_with(GOOD);
+    let mut a = args(&["--max-age", "5", "--n-max", "2", "--port", "4000"]);
+    a.explicit = ["max_age", "n_max", "port"].iter().map(|s| s.to_string()).collect();
+    let c = load(&path, &a).unwrap();
+    assert_eq!(c.apps[0].max_age, Duration::from_secs(5), "flag over top level");
+    assert_eq!(c.apps[0].n_max, 4, "the app's own key over the flag");
+    assert_eq!(c.apps[1].n_max, 2);
+    assert_eq!(c.server.port, 4000);
+}
+
+#[test]
+fn every_problem_is_listed_with_its_line() {
+    let (_d, path) = site_with(
+        r#"max_workers = 1
+n_maxx = 3
+
+[[app]]
+file = "nowhere"
+path = "sales"
+n_min = 2
+
+[[app]]
+file = "explorer"
+preload = true
+request_timeout = "soon"
+"#,
+    );
+    let e = load(&path, &args(&[])).unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains(":2:1: unknown key `n_maxx` at the top level (did you mean `n_max`?)"), "{text}");
+    assert!(text.contains(":5:8: file = \"nowhere\": app not found"), "{text}");
+    assert!(text.contains(":6:8: path = \"sales\": must start with `/`"), "{text}");
+    assert!(text.contains(":12:19: request_timeout = \"soon\": not a number of seconds"), "{text}");
+}
+
+#[test]
+fn syntax_errors_say_where() {
+    let (_d, path) = site_with("[[app]\nfile = 1\n");
+    let e = load(&path, &args(&[])).unwrap_err();
+    assert_eq!(e.list.len(), 1);
+    assert_eq!(e.list[0].line, 1, "{e}");
+}
+
+#[test]
+fn mount_points_and_names_are_used_once_and_n_min_fits_the_budget() {
+    let (_d, path) = site_with(
+        r#"max_workers = 2
+[[app]]
+file = "sales"
+path = "/a"
+n_min = 2
+[[app]]
+file = "sales/plumber.R"
+name = "sales"
+path = "/a/"
+n_min = 1
+"#,
+    );
+    let text = load(&path, &args(&[])).unwrap_err().to_string();
+    assert!(text.contains("app name `sales` is already used by the app at line 2"), "{text}");
+    assert!(text.contains("path `/a` is already served by app `sales`"), "{text}");
+    assert!(text.contains("max_workers = 2: raise max_workers") || text.contains("add up to 3"), "{text}");
+}
+
+#[test]
+fn prefixes_are_normalised_or_refused() {
+    assert_eq!(normal_prefix("/sales/").unwrap(), "/sales");
+    assert_eq!(normal_prefix("/").unwrap(), "/");
+    assert_eq!(normal_prefix("//").unwrap_err(), "must be a plain URL path (letters, digits, `-`, `_`, `.` and `/`)");
+    assert!(normal_prefix("/__valve__/x").is_err());
+    assert!(normal_prefix("/a/../b").is_err());
+}

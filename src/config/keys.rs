@@ -1,0 +1,74 @@
+//! The names of a config file's settings: which keys an `[[app]]` table and
+//! the top level hold, the flag each stands for in messages, and the
+//! nearest known key to a misspelt one.
+
+/// Keys an `[[app]]` table may hold that also work at the top level, as defaults.
+pub(super) const APP_KEYS: &[&str] = &[
+    "n_min",
+    "n_max",
+    "max_age",
+    "preload",
+    "request_timeout",
+    "queue_size",
+    "queue_timeout",
+    "max_body_size",
+    "max_requests",
+    "max_worker_memory",
+    "max_sessions",
+    "busy_threshold",
+    "r_bin",
+    "start_timeout",
+    "env",
+];
+
+/// Keys only an `[[app]]` table holds.
+pub(super) const APP_ONLY: &[&str] = &["name", "path", "file", "hostname"];
+
+/// Server settings (top level only).
+pub(super) const SERVER_KEYS: &[&str] = &[
+    "host",
+    "port",
+    "workers",
+    "max_workers",
+    "check_unused",
+    "graceful_timeout",
+    "header_timeout",
+    "drain_delay",
+    "admin_addr",
+    "admin_on_main",
+    "no_access_log",
+    "log_format",
+    "worker_transport",
+];
+
+/// The flag a key stands for, for messages about flag values.
+pub(super) fn flag_name(key: &str) -> &'static str {
+    match key {
+        "max_age" => "--max-age",
+        "request_timeout" => "--request-timeout",
+        "queue_timeout" => "--queue-timeout",
+        "start_timeout" => "--start-timeout",
+        "graceful_timeout" => "--graceful-timeout",
+        "header_timeout" => "--header-timeout",
+        "drain_delay" => "--drain-delay",
+        "check_unused" => "--check-unused",
+        "max_body_size" => "--max-body-size",
+        "max_worker_memory" => "--max-worker-memory",
+        _ => "a setting",
+    }
+}
+
+pub(super) fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}

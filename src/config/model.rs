@@ -1,0 +1,134 @@
+//! What valve will do, as plain data valid by construction: the `Config`
+//! (server settings and apps), and the names and paths an app may have.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::discover::AppSource;
+
+/// valve's own paths: never an app's, never forwarded to R.
+pub const ADMIN_PREFIX: &str = "/__valve__";
+
+/// Whether a path is one of valve's own (`/__valve__` or below it).
+pub fn is_admin_path(path: &str) -> bool {
+    path.strip_prefix(ADMIN_PREFIX).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+/// A checked configuration: plain data, valid by construction.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub server: Server,
+    /// The apps to serve (one for `-f`), in the order given.
+    pub apps: Vec<AppConfig>,
+    /// Things worth saying at start-up (folders `--site` skipped).
+    pub notes: Vec<String>,
+}
+
+/// `off` (or empty) turns the admin listener off.
+pub(super) fn admin_addr(value: &str) -> Option<String> {
+    match value.trim() {
+        "off" | "none" | "" => None,
+        addr => Some(addr.to_string()),
+    }
+}
+
+/// What is valve-wide: the listener, the drain, logging, the worker budget.
+#[derive(Clone, Debug)]
+pub struct Server {
+    pub host: String,
+    pub port: u16,
+    /// Tokio worker threads.
+    pub threads: usize,
+    pub graceful_timeout: Duration,
+    pub header_timeout: Duration,
+    pub drain_delay: Duration,
+    /// How often apps look for unused workers (and sample worker memory).
+    pub check_unused: Duration,
+    /// The admin listener (`None`: none).
+    pub admin_addr: Option<String>,
+    /// Serve metrics, status and the dashboard on the main port too.
+    pub admin_on_main: bool,
+    pub access_log: bool,
+    pub log_json: bool,
+    /// The most R workers across every app.
+    pub max_workers: usize,
+    /// How plumber workers are reached (Shiny workers always use httpuv).
+    pub worker_transport: Transport,
+}
+
+/// How valve reaches a plumber worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// valve's own protocol: one frame per request on a loopback connection
+    /// the worker opened; no HTTP server in the worker.
+    Frames,
+    /// An httpuv server on the worker's private Unix socket.
+    Httpuv,
+}
+
+/// One app: what it is, where it is mounted, and its pool's rules.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AppConfig {
+    /// A label in logs, metrics and the dashboard.
+    pub name: String,
+    /// The URL prefix it is mounted at: `/` or `/name` (no trailing slash).
+    pub prefix: String,
+    /// Serve it only for requests to this Host (and the prefix).
+    pub hostname: Option<String>,
+    pub source: AppSource,
+    pub n_min: usize,
+    pub n_max: usize,
+    pub max_age: Duration,
+    pub preload: bool,
+    /// `None`: no limit.
+    pub request_timeout: Option<Duration>,
+    pub queue_size: usize,
+    pub queue_timeout: Duration,
+    pub max_body_size: u64,
+    /// `None`: never recycle by count.
+    pub max_requests: Option<u64>,
+    /// `None`: never recycle by memory. In bytes.
+    pub max_worker_memory: Option<u64>,
+    pub max_sessions: usize,
+    /// Shiny: the share of a CPU that makes a worker busy for placement (0: never).
+    pub busy_threshold: f64,
+    pub r_bin: PathBuf,
+    pub start_timeout: Duration,
+    /// Extra environment variables for the app's workers.
+    pub env: Vec<(String, String)>,
+}
+
+impl AppConfig {
+    pub fn is_shiny(&self) -> bool {
+        self.source.is_shiny()
+    }
+}
+
+/// `--worker-transport`: clap allows only `frames` and `httpuv`.
+pub(super) fn transport(value: &str) -> Transport {
+    match value {
+        "httpuv" => Transport::Httpuv,
+        _ => Transport::Frames,
+    }
+}
+
+/// An app's label: used in logs, metric labels and URLs of `--site`.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 100 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
+/// `"/sales/"` → `"/sales"`; `"/"` stays. Refuses what could not be a URL prefix.
+pub fn normal_prefix(p: &str) -> Result<String, String> {
+    if !p.starts_with('/') {
+        return Err("must start with `/` (such as \"/sales\", or \"/\" for the root)".into());
+    }
+    if p.contains(['?', '#', ' ', '\\', '%']) || p.contains("//") || p.split('/').any(|s| s == "." || s == "..") {
+        return Err("must be a plain URL path (letters, digits, `-`, `_`, `.` and `/`)".into());
+    }
+    let trimmed = p.trim_end_matches('/');
+    let prefix = if trimmed.is_empty() { "/".to_string() } else { trimmed.to_string() };
+    if is_admin_path(&prefix) {
+        return Err("/__valve__ is valve's own; pick another path".into());
+    }
+    Ok(prefix)
+}

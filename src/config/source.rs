@@ -1,0 +1,63 @@
+//! Where the configuration comes from (`-f`, `--config`, `--site`), read
+//! again on every reload.
+
+use std::path::PathBuf;
+
+use super::error::ConfigError;
+use super::file;
+use super::flags::Args;
+use super::model::Config;
+use super::problems::Problems;
+
+/// Where the configuration comes from, so that a reload reads it again.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// `-f`: one app, from flags (a reload restarts its workers).
+    Flags(Args),
+    /// `--config FILE`.
+    File(PathBuf, Args),
+    /// `--site DIR`.
+    Site(PathBuf, Args),
+}
+
+impl Source {
+    /// Reads the configuration (again).
+    pub fn load(&self) -> Result<Config, LoadError> {
+        match self {
+            Source::Flags(args) => args.single().map_err(LoadError::Flags),
+            Source::File(path, args) => file::load(path, args).map_err(LoadError::File),
+            Source::Site(dir, args) => args.site(dir).map_err(LoadError::Flags),
+        }
+    }
+
+    /// What a reload reads, for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Source::Flags(args) => format!("-f {}", args.file.display()),
+            Source::File(path, _) => path.display().to_string(),
+            Source::Site(dir, _) => format!("--site {}", dir.display()),
+        }
+    }
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{0}")]
+    Flags(#[from] ConfigError),
+    #[error("{0}")]
+    File(Problems),
+}
+
+impl Args {
+    /// Where the configuration comes from: `--config`, `--site` or the flags alone.
+    pub fn source(&self) -> Result<Source, ConfigError> {
+        let file_given = self.explicit.contains("file");
+        match (&self.config, &self.site) {
+            (Some(_), _) | (_, Some(_)) if file_given => Err(ConfigError::Several),
+            (Some(path), _) => Ok(Source::File(path.clone(), self.clone())),
+            (None, Some(dir)) => Ok(Source::Site(dir.clone(), self.clone())),
+            (None, None) => Ok(Source::Flags(self.clone())),
+        }
+    }
+}
