@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::pool::{Retire, WorkerId};
+use super::verdict::{after_exchange, Asked, Fate, Hold, Outcome};
 use crate::worker::{AnswerBody, Conn, Connect, Exit, SendError};
 
 /// How a lease's worker comes back.
@@ -39,10 +40,8 @@ enum Stage {
     Fresh,
     /// A request was sent and its answer is not complete.
     Sent,
-    /// The answer is complete.
-    Answered { reusable: bool },
-    /// The worker failed: it is retired when the lease is dropped.
-    Broken(Retire),
+    /// The exchange ended and the verdict said what becomes of the worker.
+    Decided(Fate),
 }
 
 /// One worker, busy for one request, until the lease is dropped.
@@ -106,15 +105,21 @@ impl Lease {
         conn.send(req).await
     }
 
-    /// The answer is complete; `reusable` if the connection can serve again.
-    pub fn answered(&mut self, reusable: bool) {
-        self.stage = Stage::Answered { reusable };
+    /// The exchange ended: `fate` (from `verdict::after_exchange`) is carried
+    /// out when the lease drops; a worker retired is out of service before
+    /// it could be handed to anyone else.
+    pub fn decided(&mut self, fate: Fate) {
+        self.stage = Stage::Decided(fate);
     }
 
-    /// The worker failed: it is taken out of service when the lease drops,
-    /// before it could be handed to anyone else.
+    /// The answer is complete; `reusable` if the connection can serve again.
+    pub fn answered(&mut self, reusable: bool) {
+        self.decided(Fate::GiveBack { reusable });
+    }
+
+    /// The worker failed: it is taken out of service when the lease drops.
     pub fn broken(&mut self, reason: Retire) {
-        self.stage = Stage::Broken(reason);
+        self.decided(Fate::Retire(reason));
     }
 
     /// How the worker ended, if it has within `wait` (after an exchange broke off).
@@ -129,11 +134,21 @@ impl Drop for Lease {
         if !self.armed {
             return;
         }
-        let returned = match self.stage {
-            Stage::Fresh => Returned::Unused(self.conn.take()),
-            Stage::Sent => Returned::Abandoned(self.connector.take()),
-            Stage::Answered { reusable } => Returned::Answered(if reusable { self.conn.take() } else { None }),
-            Stage::Broken(reason) => Returned::Broken(reason),
+        let fate = match self.stage {
+            Stage::Fresh => return self.home.give_back(self.worker, Returned::Unused(self.conn.take())),
+            // Dropped mid-exchange: its client left while R worked.
+            Stage::Sent => {
+                let asked = Asked { hold: Hold::Lease, replayable: false, unreachable: 0, retried: false };
+                after_exchange(&Outcome::ClientGone, asked).fate
+            }
+            Stage::Decided(fate) => fate,
+        };
+        let returned = match fate {
+            Fate::GiveBack { reusable } => Returned::Answered(if reusable { self.conn.take() } else { None }),
+            Fate::Retire(reason) => Returned::Broken(reason),
+            Fate::Settle => Returned::Abandoned(self.connector.take()),
+            // Only a shared (Shiny) worker is kept serving as it is; a lease gives its worker back.
+            Fate::Keep => Returned::Answered(None),
         };
         self.home.give_back(self.worker, returned);
     }

@@ -7,13 +7,16 @@
 //!   its place when the budget is spent;
 //! - `supervisor`: carries the decisions out with real (or fake) workers and
 //!   owns the app's background loops;
-//! - `lease`, `sticky`: how requests hold a plumber worker or reach a Shiny one.
+//! - `lease`, `sticky`: how requests hold a plumber worker or reach a Shiny one;
+//! - `verdict`: the pure decision after one try of a request on a worker
+//!   (retry elsewhere? retire the worker? what the client gets).
 
 pub mod budget;
 pub mod lease;
 pub mod pool;
 pub mod sticky;
 pub mod supervisor;
+pub mod verdict;
 
 #[cfg(test)]
 mod fake;

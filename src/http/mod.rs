@@ -5,6 +5,7 @@
 
 pub mod body;
 pub mod forward;
+mod head;
 pub mod identity;
 pub mod reply;
 pub mod router;
