@@ -8,13 +8,21 @@ use super::{Supervisor, Waiter};
 use crate::app::pool::{Start, WorkerId};
 use crate::worker::{Conn, Connect};
 
+/// A liveness probe to send: the worker, a kept connection, how to open another.
+pub(super) struct Probe {
+    pub(super) sup: Arc<Supervisor>,
+    pub(super) worker: WorkerId,
+    pub(super) conn: Option<Conn>,
+    pub(super) connector: Arc<dyn Connect>,
+}
+
 /// What the executor does once the fleet's lock is released.
 #[derive(Default)]
 pub(super) struct After {
     /// Workers to start, per app.
     pub(super) starts: Vec<(Arc<Supervisor>, Start)>,
-    /// Liveness probes: the worker, a kept connection, how to open another.
-    pub(super) probes: Vec<(Arc<Supervisor>, WorkerId, Option<Conn>, Arc<dyn Connect>)>,
+    /// Liveness probes to send.
+    pub(super) probes: Vec<Probe>,
     /// Apps whose waiting browsers may find a place now.
     pub(super) wake: Vec<Arc<Supervisor>>,
     /// Waiters turned away (dropping them answers "shutting down").
@@ -31,8 +39,8 @@ impl After {
         for (sup, start) in self.starts {
             sup.spawn_start(start);
         }
-        for (sup, id, conn, connector) in self.probes {
-            tokio::spawn(sup.clone().liveness(id, conn, connector));
+        for Probe { sup, worker, conn, connector } in self.probes {
+            tokio::spawn(sup.liveness(worker, conn, connector));
         }
     }
 }

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::after::After;
+use super::after::{After, Probe};
 use super::{now, AppState, Supervisor, Waiter};
 use crate::app::lease::{Home, Lease, Returned};
 use crate::app::pool::{Effect, Event, Note, Timers, WorkerId};
@@ -80,7 +80,12 @@ impl Supervisor {
             }
             Effect::Probe(worker) => {
                 if let Some(live) = app.live.get_mut(&worker) {
-                    after.probes.push((self.clone(), worker, live.conns.pop(), live.connector.clone()));
+                    after.probes.push(Probe {
+                        sup: self.clone(),
+                        worker,
+                        conn: live.conns.pop(),
+                        connector: live.connector.clone(),
+                    });
                 }
             }
             Effect::Wake => {
