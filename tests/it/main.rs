@@ -11,5 +11,6 @@ mod lifecycle;
 mod placement;
 mod preload;
 mod reliability;
+mod rules;
 mod scaling;
 mod shiny;
