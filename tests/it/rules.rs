@@ -78,6 +78,12 @@ fn only_the_worker_module_starts_or_signals_processes() {
 }
 
 #[test]
+fn only_main_decides_exit_codes() {
+    let hits = find(&sources(), &["process::exit", "ExitCode"], |file| file == "main.rs");
+    assert!(hits.is_empty(), "exit codes decided outside src/main.rs (ARCHITECTURE.md): {hits:#?}");
+}
+
+#[test]
 fn only_config_reads_flags_and_valve_variables() {
     // main.rs reads VALVE_LOG_FORMAT (so even a flag error is logged in the
     // chosen format) and hands the raw command line to config; log.rs reads
