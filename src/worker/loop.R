@@ -1,12 +1,18 @@
 # valve's frame loop: the R side of valve's own worker protocol (issue 14).
 #
 # A plumber worker no longer runs an HTTP server. valve parses HTTP itself and
-# hands the worker one request at a time as a frame on one loopback TCP
-# connection that the *worker* opens to valve (the worker listens on nothing).
-# For each request frame this loop builds the Rook environment httpuv 1.6.9
-# would have built, calls the app as httpuv's AppWrapper does (onHeaders, then
-# call, waiting on `later` if the answer is a promise), and writes the answer
-# back as one frame in one write. PROTOCOL.md, next to this file, is the
+# hands the worker requests as frames on one loopback TCP connection that the
+# *worker* opens to valve (the worker listens on nothing). For each request
+# frame this loop builds the Rook environment httpuv 1.6.9 would have built,
+# calls the app as httpuv's AppWrapper does (onHeaders, then call), and writes
+# the answer back as one frame in one write, carrying the request's id.
+#
+# Async (issue 28): when the app's answer is a pending promise, the loop says
+# WAITING for that request (valve may then send another) and goes back to
+# reading frames while running `later`, as httpuv does between requests; the
+# answer goes out when the promise settles, in whatever order promises settle.
+# R still computes one thing at a time: a request is read only while no R code
+# runs. PROTOCOL.md, next to this file, is the
 # byte-level specification; the comments here say why, not what bytes.
 #
 # For the launcher:
@@ -37,12 +43,12 @@
     # valve -> worker
     REQUEST = type("Q"), PING = type("P"),
     # worker -> valve
-    HELLO = type("H"), ANSWER = type("A"), PONG = type("O"),
+    HELLO = type("H"), ANSWER = type("A"), PONG = type("O"), WAITING = type("W"),
     # flags of a REQUEST frame
     REQ_BODY_FILE = 1L,
     # flags of an ANSWER frame
     ANS_BODY_FILE = 1L, ANS_FILE_OWNED = 2L, ANS_NO_BODY = 4L, ANS_LOOP_ERROR = 8L,
-    PROTOCOL = "valve-frames/1",
+    PROTOCOL = "valve-frames/2",
     # socketConnection's timeout bounds every blocking read and write. Writing a
     # large answer may wait on a slow client behind valve, so it is long (30
     # days, the most POSIX promises); valve's --request-timeout ends hung workers.
@@ -53,8 +59,20 @@
   )
 })
 
-# The first int of an ANSWER frame's header: type 'A', flags, two zero bytes.
-.valve_answer_word <- function(flags) .valve_frame$ANSWER * 16777216L + flags * 65536L
+# The first int of an ANSWER frame's header: type 'A', flags, the request's id (u16).
+.valve_answer_word <- function(flags, id = 0L) .valve_frame$ANSWER * 16777216L + flags * 65536L + id
+
+# Sets the request id (the first word's low 16 bits) of a frame built without one.
+.valve_with_id <- function(frame, id) {
+  frame[3L] <- as.raw(id %/% 256L)
+  frame[4L] <- as.raw(id %% 256L)
+  frame
+}
+
+# WAITING: request `id` waits on a promise; the worker takes another meanwhile.
+.valve_waiting_frame <- function(id) {
+  c(as.raw(c(.valve_frame$WAITING, 0L, id %/% 256L, id %% 256L)), as.raw(integer(12L)))
+}
 
 # ---------------------------------------------------------------------------
 # Binary I/O
@@ -187,7 +205,7 @@
 # the c(file = ) / list(file = , owned = ) body forms) and listToResponse()
 # (character body -> charToRaw() of its first element, raw body as is, other
 # atomic bodies coerced to raw, NULL body -> no body at all).
-.valve_encode_answer <- function(resp, flags = 0L) {
+.valve_encode_answer <- function(resp, flags = 0L, id = 0L) {
   if (is.null(resp) || length(resp) == 0L) resp <- .valve_generic_error()
   status <- as.integer(resp$status)
   if (length(status) != 1L || is.na(status) || status < 0L) stop("the answer's status is not one integer >= 0")
@@ -239,7 +257,7 @@
     lo <- bl - hi * 4294967296
     bl <- as.integer(if (lo >= 2147483648) lo - 4294967296 else lo)
   }
-  c(.valve_io$be(c(.valve_answer_word(flags), 8L + 8L * n + length(blob), hi, bl, status, n, lens)), blob, body)
+  c(.valve_io$be(c(.valve_answer_word(flags, id), 8L + 8L * n + length(blob), hi, bl, status, n, lens)), blob, body)
 }
 
 # httpuv's answer to an R error in the app (rookCall's on_error()).
@@ -262,19 +280,39 @@
 # One request
 
 # Waits for a promise, running `later` (so promises, futures and timers) until
-# it settles. Still one request at a time: nothing is read from valve meanwhile.
+# it settles (the warm-up's requests, which nobody else waits behind).
 .valve_await <- function(p) {
   done <- FALSE
   value <- NULL
   promises::then(p,
     onFulfilled = function(v) { value <<- v; done <<- TRUE },
-    onRejected = function(e) {
-      if (!inherits(e, "condition")) e <- simpleError(paste(format(e), collapse = "\n"))
-      value <<- .valve_app_error(e)
-      done <<- TRUE
-    })
+    onRejected = function(e) { value <<- .valve_rejected(e); done <<- TRUE })
   while (!done) later::run_now(timeoutSecs = 1)
   value
+}
+
+# httpuv's answer to a rejected promise (a rejection with a value that is not
+# a condition included: its printed form is the message).
+.valve_rejected <- function(e) {
+  if (!inherits(e, "condition")) e <- simpleError(paste(format(e), collapse = "\n"))
+  .valve_app_error(e)
+}
+
+# Request `id` returned a pending promise: its answer goes out when it
+# settles; its body's connection closes then. Nothing escapes the callbacks:
+# an answer that cannot be encoded is httpuv's 500, and a write that fails
+# (valve gone) ends the worker at its next read.
+.valve_park <- function(p, con, id, input) {
+  finish <- function(resp) {
+    frame <- tryCatch(.valve_encode_answer(resp, 0L, id),
+                      error = function(e) .valve_with_id(.valve_failed(e, 3L), id))
+    if (!is.null(input)) tryCatch(close(input), error = function(e) NULL)
+    tryCatch(.valve_io$send(frame, con),
+             error = function(e) message("valve: could not send an answer: ", conditionMessage(e)))
+    invisible()
+  }
+  promises::then(p, onFulfilled = finish, onRejected = function(e) finish(.valve_rejected(e)))
+  invisible()
 }
 
 # The answer to a request that failed at `stage`:
@@ -299,6 +337,7 @@
   st$active <- FALSE
   st$stage <- 1L
   st$input <- NULL
+  st$id <- 0L
   st
 }
 
@@ -309,10 +348,10 @@
   }
 }
 
-# Runs one request frame through the app; returns the ANSWER frame (raw). It
-# has no tryCatch() of its own (one costs ~40k instructions, a seventh of the
-# loop's whole cost): an error unwinds to the caller's handler, which answers
-# with .valve_failed(e, st$stage).
+# Runs one request frame through the app; returns the app's answer: its list,
+# or a promise. It has no tryCatch() of its own (one costs ~40k instructions,
+# a seventh of the loop's whole cost): an error unwinds to the caller's
+# handler, which answers with .valve_failed(e, st$stage).
 .valve_request <- function(app, ctx, head, body, body_is_file, st) {
   st$stage <- 1L
   req <- ctx$decode(head)
@@ -334,22 +373,20 @@
   st$stage <- 2L
   # httpuv's AppWrapper: onHeaders first (plumber answers 413 there), then call.
   resp <- if (ctx$has_on_headers) app$onHeaders(req)
-  if (is.null(resp) || length(resp) == 0L) {
-    resp <- app$call(req)
-    if (inherits(resp, "promise")) resp <- .valve_await(resp)
-  }
+  if (is.null(resp) || length(resp) == 0L) resp <- app$call(req)
   st$stage <- 3L
-  answer <- .valve_encode_answer(resp)
-  .valve_close_input(st)
-  answer
+  resp
 }
 
 # One request, errors included: never throws (the warm-up and tests use it;
 # the serving loop handles errors once for all requests instead).
 .valve_handle <- function(app, ctx, head, body, body_is_file) {
   st <- .valve_state()
-  answer <- tryCatch(.valve_request(app, ctx, head, body, body_is_file, st),
-                     error = function(e) .valve_failed(e, st$stage))
+  answer <- tryCatch({
+    resp <- .valve_request(app, ctx, head, body, body_is_file, st)
+    if (inherits(resp, "promise")) resp <- .valve_await(resp)
+    .valve_encode_answer(resp)
+  }, error = function(e) .valve_failed(e, st$stage))
   .valve_close_input(st)
   answer
 }
@@ -512,7 +549,7 @@ valve_warm_up <- function(app, rounds = 3L) {
   # The loop's I/O helpers cannot run before valve is connected; without this
   # R's JIT compiles them on the first frame (15-30 ms).
   env <- environment(valve_warm_up)
-  for (f in c(".valve_serve", ".valve_recover", ".valve_wait_readable", ".valve_read", ".valve_read_rest", ".valve_u64",
+  for (f in c(".valve_serve", ".valve_recover", ".valve_park", ".valve_waiting_frame", ".valve_with_id", ".valve_wait_readable", ".valve_read", ".valve_read_rest", ".valve_u64",
               ".valve_hello", ".valve_connect")) {
     assign(f, compiler::cmpfun(get(f, envir = env)), envir = env)
   }
@@ -568,10 +605,22 @@ valve_serve_frames <- function(app, port, token, worker_id, host = "127.0.0.1", 
     head <- .valve_read(con, h[2L])
     body <- .valve_read(con, if (h[3L] == 0L) h[4L] else .valve_u64(h[3L], h[4L]))
     if (type == F$REQUEST) {
+      id <- h[1L] %% 65536L
       st$active <- TRUE
-      answer <- .valve_request(app, ctx, head, body, (h[1L] %/% 65536L) %% 2L == 1L, st)
-      st$active <- FALSE
-      io$send(answer, con)  # one write: the whole answer frame leaves at once
+      st$id <- id
+      resp <- .valve_request(app, ctx, head, body, (h[1L] %/% 65536L) %% 2L == 1L, st)
+      if (inherits(resp, "promise")) {
+        # Pending: valve may send the next request; the answer follows when it settles.
+        .valve_park(resp, con, id, st$input)
+        st$input <- NULL
+        st$active <- FALSE
+        io$send(.valve_waiting_frame(id), con)
+      } else {
+        answer <- .valve_encode_answer(resp, 0L, id)
+        .valve_close_input(st)
+        st$active <- FALSE
+        io$send(answer, con)  # one write: the whole answer frame leaves at once
+      }
     } else if (type == F$PING) {
       io$send(.valve_head_frame(F$PONG, c(head, io$be(Sys.getpid()))), con)
     } else {
@@ -586,6 +635,6 @@ valve_serve_frames <- function(app, port, token, worker_id, host = "127.0.0.1", 
   if (!isTRUE(st$active)) stop(e)
   st$active <- FALSE
   .valve_close_input(st)
-  .valve_io$send(.valve_failed(e, st$stage), con)
+  .valve_io$send(.valve_with_id(.valve_failed(e, st$stage), st$id), con)
   FALSE
 }

@@ -38,4 +38,4 @@ pub use launcher::RLauncher;
 pub use output::Tail;
 pub use process::{cpu_time, private_bytes, rss_bytes, Exit, Launch, Launched, MemoryProbe, Process, StartError, Stop};
 pub use spawn::{run_dir, Spec};
-pub use wire::{AnswerBody, BoxFuture, ClientAddrs, SendError, Spooled, WireBody, WorkerId};
+pub use wire::{AnswerBody, BoxFuture, ClientAddrs, Park, Parking, SendError, Spooled, WireBody, WorkerId};

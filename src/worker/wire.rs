@@ -39,6 +39,21 @@ pub struct ClientAddrs {
     pub remote: SocketAddr,
 }
 
+/// Told by a frames link about one request that R left waiting on a promise
+/// (the request carries it as a `Park` extension).
+pub trait Parking: Send + Sync {
+    /// R returned a pending promise for the request and computes nothing for
+    /// it now. False if nobody counts the request any more (its client left first).
+    fn parked(&self) -> bool;
+    /// The parked request is over: answered, given up (timed out, client
+    /// gone) or lost with the link. Told once, and only after `parked`.
+    fn settled(&self);
+}
+
+/// A request's `Parking`, as a request extension.
+#[derive(Clone)]
+pub struct Park(pub Arc<dyn Parking>);
+
 /// A request body valve spooled to a named file in its private run directory:
 /// a frames worker reads the file instead of receiving the bytes. `keep`
 /// keeps the file until the worker has answered. Carried in the request's

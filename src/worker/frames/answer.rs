@@ -5,7 +5,8 @@
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 
-/// Every frame starts with 16 bytes: type, flags, 2 reserved, head length (u32), body length (u64).
+/// Every frame starts with 16 bytes: type, flags, the request's id (u16; 0
+/// in frames of no request), head length (u32), body length (u64).
 pub const HEADER_LEN: usize = 16;
 
 pub const HELLO: u8 = b'H';
@@ -13,6 +14,8 @@ pub const PING: u8 = b'P';
 pub const PONG: u8 = b'O';
 pub const REQUEST: u8 = b'Q';
 pub const ANSWER: u8 = b'A';
+/// The request (by id) waits on a promise: the worker may take another.
+pub const WAITING: u8 = b'W';
 
 /// Request flag: the body is the path of a file holding it.
 pub const REQ_BODY_FILE: u8 = 0x01;
@@ -27,6 +30,8 @@ pub const LOOP_ERROR: u8 = 0x08;
 pub struct FrameHeader {
     pub kind: u8,
     pub flags: u8,
+    /// Which request a REQUEST, ANSWER or WAITING frame is about.
+    pub id: u16,
     pub head_len: u32,
     pub body_len: u64,
 }
@@ -36,6 +41,7 @@ impl FrameHeader {
         FrameHeader {
             kind: b[0],
             flags: b[1],
+            id: u16::from_be_bytes([b[2], b[3]]),
             head_len: u32::from_be_bytes([b[4], b[5], b[6], b[7]]),
             body_len: u64::from_be_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]),
         }
@@ -45,6 +51,7 @@ impl FrameHeader {
         let mut b = [0u8; HEADER_LEN];
         b[0] = self.kind;
         b[1] = self.flags;
+        b[2..4].copy_from_slice(&self.id.to_be_bytes());
         b[4..8].copy_from_slice(&self.head_len.to_be_bytes());
         b[8..16].copy_from_slice(&self.body_len.to_be_bytes());
         b
@@ -191,9 +198,9 @@ mod tests {
 
     #[test]
     fn frame_headers_round_trip() {
-        let h = FrameHeader { kind: REQUEST, flags: REQ_BODY_FILE, head_len: 669, body_len: 1 << 33 };
+        let h = FrameHeader { kind: REQUEST, flags: REQ_BODY_FILE, id: 7, head_len: 669, body_len: 1 << 33 };
         assert_eq!(FrameHeader::parse(&h.bytes()), h);
-        assert_eq!(&h.bytes()[..4], &[b'Q', 1, 0, 0]);
+        assert_eq!(&h.bytes()[..4], &[b'Q', 1, 0, 7]);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::worker::conn::{Conn, Connect};
 use crate::worker::wire::{BoxFuture, WorkerId};
 
 /// The protocol line a hello starts with.
-const PROTOCOL: &[u8] = b"valve-frames/1";
+const PROTOCOL: &[u8] = b"valve-frames/2";
 
 /// How long a new connection gets to say hello.
 const HELLO_DEADLINE: Duration = Duration::from_secs(5);
@@ -66,7 +66,7 @@ impl FrameHub {
         let port = listener.local_addr()?.port();
         let shared = Arc::new(HubShared { token: new_token()?, waiting: Mutex::new(HashMap::new()) });
         let acceptor = tokio::spawn(accept_loop(listener, shared.clone()));
-        tracing::debug!(port, "worker listener (valve-frames/1) ready");
+        tracing::debug!(port, "worker listener (valve-frames/2) ready");
         Ok(Arc::new(FrameHub { port, shared, acceptor }))
     }
 
@@ -155,7 +155,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<HubShared>) {
     }
 }
 
-/// Reads and checks a hello: `valve-frames/1\nID\nPID\nTOKEN\n`.
+/// Reads and checks a hello: `valve-frames/2\nID\nPID\nTOKEN\n`.
 async fn read_hello(mut stream: TcpStream, shared: &HubShared) -> Result<(WorkerId, Hello), &'static str> {
     let _ = stream.set_nodelay(true);
     let mut raw = [0u8; HEADER_LEN];
@@ -169,7 +169,7 @@ async fn read_hello(mut stream: TcpStream, shared: &HubShared) -> Result<(Worker
     let fields: Vec<&[u8]> = head.split(|b| *b == b'\n').collect();
     let [protocol, id, pid, token, end] = fields.as_slice() else { return Err("malformed hello") };
     if *protocol != PROTOCOL || !end.is_empty() {
-        return Err("not valve-frames/1");
+        return Err("not valve-frames/2");
     }
     // The token before anything else is believed (it is never logged).
     if !same_secret(token, shared.token.as_bytes()) {

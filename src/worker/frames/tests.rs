@@ -24,9 +24,9 @@ use crate::worker::conn::{Conn, Connect};
 use crate::worker::wire::{SendError, Spooled, WireBody, WorkerId};
 
 fn hello(id: &str, pid: u32, token: &str) -> Vec<u8> {
-    let head = format!("valve-frames/1\n{id}\n{pid}\n{token}\n");
+    let head = format!("valve-frames/2\n{id}\n{pid}\n{token}\n");
     let mut out =
-        FrameHeader { kind: answer::HELLO, flags: 0, head_len: head.len() as u32, body_len: 0 }.bytes().to_vec();
+        FrameHeader { kind: answer::HELLO, flags: 0, id: 0, head_len: head.len() as u32, body_len: 0 }.bytes().to_vec();
     out.extend(head.as_bytes());
     out
 }
@@ -43,7 +43,7 @@ fn answer_frame(flags: u8, status: i32, headers: &[(&str, &str)], body: &[u8]) -
         head.extend(n.as_bytes());
         head.extend(v.as_bytes());
     }
-    let mut out = FrameHeader { kind: answer::ANSWER, flags, head_len: head.len() as u32, body_len: body.len() as u64 }
+    let mut out = FrameHeader { kind: answer::ANSWER, flags, id: 0, head_len: head.len() as u32, body_len: body.len() as u64 }
         .bytes()
         .to_vec();
     out.extend(head);
@@ -63,7 +63,7 @@ async fn read_frame(s: &mut TcpStream) -> io::Result<(FrameHeader, Vec<u8>, Vec<
 }
 
 async fn pong(s: &mut TcpStream, nonce: &[u8]) {
-    let mut out = FrameHeader { kind: answer::PONG, flags: 0, head_len: 12, body_len: 0 }.bytes().to_vec();
+    let mut out = FrameHeader { kind: answer::PONG, flags: 0, id: 0, head_len: 12, body_len: 0 }.bytes().to_vec();
     out.extend(nonce);
     out.extend(std::process::id().to_be_bytes());
     s.write_all(&out).await.unwrap();
@@ -82,8 +82,15 @@ async fn fake_worker(
         while let Ok((h, head, body)) = read_frame(&mut s).await {
             if h.kind == answer::PING {
                 pong(&mut s, &head).await;
-            } else if s.write_all(&answer(h, head, body)).await.is_err() {
-                return;
+            } else {
+                // Answers carry their request's id, as loop.R's do.
+                let mut out = answer(h, head, body);
+                if out.len() >= HEADER_LEN && out[0] == answer::ANSWER {
+                    out[2..4].copy_from_slice(&h.id.to_be_bytes());
+                }
+                if s.write_all(&out).await.is_err() {
+                    return;
+                }
             }
         }
     })
@@ -159,10 +166,10 @@ async fn garbage_fails_the_request_and_ends_the_link() {
     let hub = FrameHub::start().unwrap();
     for (i, bad) in [
         b"not a frame at all".to_vec(),
-        FrameHeader { kind: b'Z', flags: 0, head_len: 0, body_len: 0 }.bytes().to_vec(),
-        [FrameHeader { kind: answer::ANSWER, flags: 0, head_len: 9, body_len: 0 }.bytes().to_vec(), vec![0; 9]]
+        FrameHeader { kind: b'Z', flags: 0, id: 0, head_len: 0, body_len: 0 }.bytes().to_vec(),
+        [FrameHeader { kind: answer::ANSWER, flags: 0, id: 0, head_len: 9, body_len: 0 }.bytes().to_vec(), vec![0; 9]]
             .concat(),
-        FrameHeader { kind: answer::ANSWER, flags: 0, head_len: u32::MAX, body_len: 0 }.bytes().to_vec(),
+        FrameHeader { kind: answer::ANSWER, flags: 0, id: 0, head_len: u32::MAX, body_len: 0 }.bytes().to_vec(),
     ]
     .into_iter()
     .enumerate()
