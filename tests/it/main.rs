@@ -2,6 +2,7 @@
 
 mod admin;
 mod apps;
+mod asyncness;
 mod deps;
 mod fidelity;
 mod guard;

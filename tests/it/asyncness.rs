@@ -1,0 +1,316 @@
+//! Issue 28: async plumber endpoints (promises resolved by `later`, by a
+//! `future`, rejected, chained, drawing images) answer through valve exactly as
+//! a plain plumber process answers them; and one worker keeps several promises
+//! pending at once, as plain plumber does. No assertion here is about time: the
+//! concurrency tests assert orderings, read from R's clock and from the order
+//! in which answers arrive.
+
+use std::sync::{Arc, Mutex};
+
+use reqwest::{Method, StatusCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::harness::{
+    client, fixture, need_r_packages, preloading, unread_by_server, wait_until, Plumber, Valve, TAKE_DEADLINE,
+};
+
+fn api() -> String {
+    fixture("async_api.R").to_str().unwrap().to_string()
+}
+
+fn need_async_packages() {
+    need_r_packages(&["plumber", "promises", "later", "future"]);
+}
+
+/// One request to send to valve and to plain plumber.
+struct Case {
+    method: Method,
+    path: &'static str,
+    headers: &'static [(&'static str, &'static str)],
+    body: Option<&'static [u8]>,
+    /// Keys of a JSON object answer whose values differ by design (a pid, R's
+    /// clock): they must be there, their values are not compared, nor is the
+    /// Content-Length that depends on them (it is checked against the body).
+    volatile: &'static [&'static str],
+}
+
+fn get(path: &'static str) -> Case {
+    Case { method: Method::GET, path, headers: &[], body: None, volatile: &[] }
+}
+
+/// A summary of an answer that must match: status, headers but `date`, body.
+async fn fetch(base: &str, case: &Case) -> (StatusCode, Vec<(String, String)>, String) {
+    let mut req = client().request(case.method.clone(), format!("{base}{}", case.path));
+    for (k, v) in case.headers {
+        req = req.header(*k, *v);
+    }
+    if let Some(body) = case.body {
+        req = req.body(body.to_vec());
+    }
+    let resp = req.send().await.unwrap_or_else(|e| panic!("{} {} to {base}: {e}", case.method, case.path));
+    let status = resp.status();
+    let mut headers: Vec<(String, String)> = resp
+        .headers()
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "date" | "connection" | "keep-alive"))
+        .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).to_string()))
+        .collect();
+    let body = resp.bytes().await.unwrap().to_vec();
+    let content_type = headers.iter().find(|(k, _)| k == "content-type").map(|(_, v)| v.clone());
+    if case.volatile.is_empty() {
+        let described = if content_type.as_deref() == Some("image/png") { png(&body, base) } else { describe(&body) };
+        return (status, headers, described);
+    }
+    let length = headers.iter().find(|(k, _)| k == "content-length").map(|(_, v)| v.clone());
+    assert_eq!(
+        length,
+        Some(body.len().to_string()),
+        "{} {} from {base}: Content-Length is the body's",
+        case.method,
+        case.path
+    );
+    headers.retain(|(k, _)| k != "content-length");
+    let mut json: serde_json::Value = serde_json::from_slice(&body)
+        .unwrap_or_else(|e| panic!("{} {} from {base}: not JSON ({e}): {}", case.method, case.path, describe(&body)));
+    for key in case.volatile {
+        let value =
+            json.get_mut(*key).unwrap_or_else(|| panic!("{} {} from {base}: no {key:?}", case.method, case.path));
+        *value = serde_json::Value::String("<volatile>".into());
+    }
+    (status, headers, json.to_string())
+}
+
+/// Bytes as text when they are text, else as a length and a checksum.
+fn describe(body: &[u8]) -> String {
+    match std::str::from_utf8(body) {
+        Ok(text) if text.len() < 2000 => text.to_string(),
+        _ => format!("{} bytes, checksum {:x}", body.len(), checksum(body)),
+    }
+}
+
+fn checksum(body: &[u8]) -> u64 {
+    body.iter().fold(0u64, |h, b| h.wrapping_mul(1_099_511_628_211).wrapping_add(u64::from(*b)))
+}
+
+/// A PNG answer as its dimensions, length and checksum (failing unless it is a PNG).
+fn png(body: &[u8], from: &str) -> String {
+    assert!(
+        body.len() > 24 && body.starts_with(b"\x89PNG\r\n\x1a\n") && &body[12..16] == b"IHDR",
+        "not a PNG from {from}: {}",
+        describe(body)
+    );
+    let width = u32::from_be_bytes(body[16..20].try_into().unwrap());
+    let height = u32::from_be_bytes(body[20..24].try_into().unwrap());
+    format!("PNG {width}x{height}, {} bytes, checksum {:x}", body.len(), checksum(body))
+}
+
+/// valve's flags for each way this run starts workers: plain and, unless the
+/// whole suite already runs preloaded (VALVE_PRELOAD=true), `--preload` too.
+fn worker_modes() -> Vec<Vec<&'static str>> {
+    if preloading() {
+        vec![vec![]]
+    } else {
+        vec![vec![], vec!["--preload"]]
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn async_answers_match_plain_plumber() {
+    need_async_packages();
+    let cases = [
+        Case { volatile: &["pid", "started", "resolved"], ..get("/later?secs=0.05&id=a") },
+        get("/future"),
+        get("/future?x=4.5"),
+        get("/reject-condition"),
+        get("/reject-in-then"),
+        get("/reject-string"),
+        get("/reject-number"),
+        Case {
+            method: Method::POST,
+            headers: &[("content-type", "application/json")],
+            body: Some(br#"{"name":"widget"}"#),
+            ..get("/created")
+        },
+        get("/plot.png"),
+        Case { volatile: &["pid", "at"], ..get("/echo?msg=h%C3%A9llo") },
+        get("/no/such/route"),
+    ];
+    let plumber = Plumber::start(&fixture("async_api.R"));
+    for mode in worker_modes() {
+        let api = api();
+        let mut args = vec!["-f", api.as_str()];
+        args.extend_from_slice(&mode);
+        let valve = Valve::start(&args);
+        for case in &cases {
+            let direct = fetch(&plumber.url, case).await;
+            let proxied = fetch(&valve.url, case).await;
+            assert_eq!(proxied, direct, "{} {} differs through valve {mode:?}", case.method, case.path);
+        }
+    }
+}
+
+/// What `/later` said: the request's id, the pid that answered, and R's clock
+/// when the endpoint ran and when its promise resolved.
+#[derive(Debug)]
+struct Later {
+    id: String,
+    pid: u64,
+    started: f64,
+    resolved: f64,
+}
+
+fn later_answer(status: u16, body: &str) -> Later {
+    assert_eq!(status, 200, "/later answered {status}: {body}");
+    let json: serde_json::Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("/later: not JSON ({e}): {body}"));
+    let stamp = |key: &str| -> f64 {
+        json[key].as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("/later: no {key} stamp: {body}"))
+    };
+    Later {
+        id: json["id"].as_str().unwrap_or_else(|| panic!("/later: no id: {body}")).to_string(),
+        pid: json["pid"].as_u64().unwrap_or_else(|| panic!("/later: no pid: {body}")),
+        started: stamp("started"),
+        resolved: stamp("resolved"),
+    }
+}
+
+/// The most promises pending at once in R, from their start and resolve stamps.
+fn most_pending(answers: &[Later]) -> usize {
+    let mut events: Vec<(f64, i32)> = answers.iter().flat_map(|a| [(a.started, 1), (a.resolved, -1)]).collect();
+    // At equal stamps a promise that resolved is no longer pending.
+    events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, step) in events {
+        now += step;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+/// Sends 8 `/later?secs=1` at once to `base` and checks, in R's clock, that
+/// one process kept several of their promises pending at the same time.
+async fn eight_promises_overlap(base: &str) -> u64 {
+    let calls = (0..8).map(|i| {
+        let url = format!("{base}/later?secs=1&id=call{i}");
+        async move {
+            let resp = client().get(url).send().await.unwrap();
+            let status = resp.status().as_u16();
+            (i, later_answer(status, &resp.text().await.unwrap()))
+        }
+    });
+    let answers = futures::future::join_all(calls).await;
+    for (i, a) in &answers {
+        assert_eq!(a.id, format!("call{i}"), "each call got its own answer: {answers:?}");
+    }
+    let answers: Vec<Later> = answers.into_iter().map(|(_, a)| a).collect();
+    let pids: std::collections::BTreeSet<u64> = answers.iter().map(|a| a.pid).collect();
+    assert_eq!(pids.len(), 1, "one process answered all 8: {answers:?}");
+    // In R's own clock: a request started before another one's promise resolved.
+    let most = most_pending(&answers);
+    let spans: Vec<String> = answers.iter().map(|a| format!("{} {:.3}..{:.3}", a.id, a.started, a.resolved)).collect();
+    assert!(
+        most >= 2,
+        "R kept at most {most} promise pending at a time: the 8 ran one after another, not overlapped (started..resolved in R): {spans:?}"
+    );
+    answers[0].pid
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "issue 28: needs async-aware workers"]
+async fn promises_overlap_on_one_worker() {
+    need_async_packages();
+    let valve = Valve::start(&["-f", &api(), "-n", "1"]);
+    let pid = eight_promises_overlap(&valve.url).await;
+    assert_eq!(valve.workers(), vec![pid as u32], "valve -n 1 ran one worker, the one that answered");
+}
+
+/// The control: plain plumber, one R process, overlaps the same 8 promises,
+/// so the check above can hold and fails only for serving them one at a time.
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_plumber_overlaps_promises_in_one_process() {
+    need_async_packages();
+    let plumber = Plumber::start(&fixture("async_api.R"));
+    eight_promises_overlap(&plumber.url).await;
+}
+
+/// A request written on its own connection (HTTP/1.0: the answer ends when the
+/// connection closes), so the test can see when valve has read it.
+struct Sent {
+    stream: tokio::net::TcpStream,
+    port: u16,
+}
+
+async fn send(base: &str, path: &str) -> Sent {
+    let addr = base.trim_start_matches("http://").trim_end_matches('/').to_string();
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await.unwrap();
+    let port = stream.local_addr().unwrap().port();
+    Sent { stream, port }
+}
+
+/// The status and body of the answer to a request `send` wrote.
+async fn answer(mut sent: Sent) -> (u16, String) {
+    let mut all = Vec::new();
+    sent.stream.read_to_end(&mut all).await.unwrap();
+    let text = String::from_utf8_lossy(&all).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no HTTP answer: {text:?}"));
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{head}"));
+    (status, body.to_string())
+}
+
+/// Sends 4 `/later?secs=3` to `base`, then, once it has read them all, `/echo`;
+/// checks that `/echo` answered before any of them, in the order the answers
+/// arrived and in R's clock.
+async fn echo_overtakes_pending_promises(base: &str) {
+    let server_port: u16 = base.trim_end_matches('/').rsplit(':').next().unwrap().parse().unwrap();
+    // The order in which answers arrive.
+    let arrived = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut pending = Vec::new();
+    for i in 0..4 {
+        let sent = send(base, &format!("/later?secs=3&id=later{i}")).await;
+        // Pending: the server has read the whole request (none of it is left unread).
+        let port = sent.port;
+        wait_until(&format!("the server reading /later #{i}"), TAKE_DEADLINE, || {
+            unread_by_server(server_port, port) == Some(0)
+        });
+        let arrived = arrived.clone();
+        pending.push(tokio::spawn(async move {
+            let (status, body) = answer(sent).await;
+            let later = later_answer(status, &body);
+            arrived.lock().unwrap().push(later.id.clone());
+            later
+        }));
+    }
+    let (status, body) = answer(send(base, "/echo?msg=fast").await).await;
+    arrived.lock().unwrap().push("echo".into());
+    assert_eq!(status, 200, "/echo: {body}");
+    let echo: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(echo["msg"], "fast");
+    let mut laters = Vec::new();
+    for p in pending {
+        laters.push(p.await.unwrap());
+    }
+    let arrived = arrived.lock().unwrap().clone();
+    assert_eq!(arrived[0], "echo", "/echo answered only after a pending /later did: arrival order {arrived:?}");
+    // And in R's clock: /echo ran before any of the four promises resolved.
+    let echo_at: f64 = echo["at"].as_str().unwrap().parse().unwrap();
+    for later in &laters {
+        assert!(echo_at < later.resolved, "/echo ran after {later:?} resolved (echo at {echo_at})");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "issue 28: needs async-aware workers"]
+async fn a_fast_call_is_not_blocked_by_pending_promises() {
+    need_async_packages();
+    let valve = Valve::start(&["-f", &api(), "-n", "1"]);
+    echo_overtakes_pending_promises(&valve.url).await;
+}
+
+/// The control: plain plumber answers `/echo` amid its pending promises.
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_plumber_answers_a_fast_call_amid_pending_promises() {
+    need_async_packages();
+    let plumber = Plumber::start(&fixture("async_api.R"));
+    echo_overtakes_pending_promises(&plumber.url).await;
+}
