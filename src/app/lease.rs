@@ -1,5 +1,9 @@
 //! A `Lease`: one plumber worker, busy for one request. The only way to reach
-//! a plumber worker; the pool hands a worker to at most one lease at a time.
+//! a plumber worker; the pool hands a worker's R to at most one lease at a
+//! time. When R leaves the request waiting on a promise (the link says so
+//! through the request's `Park`), R is free again: the worker goes back to
+//! the pool at once, holding the request as parked, and the lease keeps only
+//! the request; when it settles (or is given up) the pool learns it.
 //!
 //! A lease gives its worker back through `Home` (the supervisor implements
 //! it), so this module and the supervisor do not import each other. How it
@@ -8,6 +12,7 @@
 //! retired before anything else can be given to it), or abandoned mid-request
 //! (the worker stays busy until R has finished, then comes back).
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +20,7 @@ use tokio::sync::watch;
 
 use super::pool::{Retire, WorkerId};
 use super::verdict::{after_exchange, Asked, Fate, Hold, Outcome};
-use crate::worker::{AnswerBody, Conn, Connect, Exit, SendError};
+use crate::worker::{AnswerBody, Conn, Connect, Exit, Park, Parking, SendError};
 
 /// How a lease's worker comes back.
 pub enum Returned {
@@ -32,6 +37,49 @@ pub enum Returned {
 /// Where a lease's worker goes back to.
 pub trait Home: Send + Sync {
     fn give_back(&self, worker: WorkerId, returned: Returned);
+    /// R left the lease's request waiting on a promise: the worker is free to compute another.
+    fn parked(&self, worker: WorkerId);
+    /// A request the worker held waiting on a promise is over.
+    fn settled(&self, worker: WorkerId);
+}
+
+/// Where a sent request stands, between the link (which learns R parked it)
+/// and the lease (which may give it up first); whichever moves first wins.
+struct Parker {
+    home: Arc<dyn Home>,
+    worker: WorkerId,
+    state: AtomicU8,
+}
+
+/// R computes the request (or nobody decided yet).
+const COMPUTING: u8 = 0;
+/// R left it waiting on a promise; the worker went back to the pool.
+const PARKED: u8 = 1;
+/// The lease decided the worker's fate while R computed: a later WAITING is not counted.
+const CLAIMED: u8 = 2;
+
+impl Parker {
+    /// Whether R parked the request; if it had not, it never counts as parked from now on.
+    fn claim(&self) -> bool {
+        match self.state.compare_exchange(COMPUTING, CLAIMED, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => false,
+            Err(state) => state == PARKED,
+        }
+    }
+}
+
+impl Parking for Parker {
+    fn parked(&self) -> bool {
+        let won = self.state.compare_exchange(COMPUTING, PARKED, Ordering::AcqRel, Ordering::Acquire).is_ok();
+        if won {
+            self.home.parked(self.worker);
+        }
+        won
+    }
+
+    fn settled(&self) {
+        self.home.settled(self.worker);
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +103,8 @@ pub struct Lease {
     /// How long the request waited in the queue for this worker.
     pub waited: Duration,
     stage: Stage,
+    /// The sent request's standing (frames workers tell when R parks it).
+    parker: Option<Arc<Parker>>,
     /// False once taken apart without going back through `Home`.
     armed: bool,
 }
@@ -67,7 +117,17 @@ impl Lease {
         conn: Option<Conn>,
         exit: watch::Receiver<Option<Exit>>,
     ) -> Lease {
-        Lease { home, worker, connector, conn, exit, waited: Duration::ZERO, stage: Stage::Fresh, armed: true }
+        Lease {
+            home,
+            worker,
+            connector,
+            conn,
+            exit,
+            waited: Duration::ZERO,
+            stage: Stage::Fresh,
+            parker: None,
+            armed: true,
+        }
     }
 
     /// Takes the lease apart without giving the worker back: the supervisor
@@ -98,11 +158,21 @@ impl Lease {
     /// a lease dropped before `answered` leaves its worker busy until R is done.
     pub async fn send(
         &mut self,
-        req: http::Request<crate::worker::WireBody>,
+        mut req: http::Request<crate::worker::WireBody>,
     ) -> Result<http::Response<AnswerBody>, SendError> {
         let conn = self.conn.as_mut().ok_or_else(|| SendError::Lost(std::io::Error::other("not connected")))?;
+        let parker = Arc::new(Parker { home: self.home.clone(), worker: self.worker, state: AtomicU8::new(COMPUTING) });
+        req.extensions_mut().insert(Park(parker.clone()));
+        self.parker = Some(parker);
         self.stage = Stage::Sent;
         conn.send(req).await
+    }
+
+    /// Whether R left the request waiting on a promise (so the worker went
+    /// back to the pool already); if it had not, a later WAITING is not
+    /// counted: the caller decides the worker's fate now.
+    pub fn parked(&self) -> bool {
+        self.parker.as_ref().is_some_and(|p| p.claim())
     }
 
     /// The exchange ended: `fate` (from `verdict::after_exchange`) is carried
@@ -134,8 +204,12 @@ impl Drop for Lease {
         if !self.armed {
             return;
         }
+        // R parked the request: the worker went back to the pool then, and
+        // the link tells when the request settles. Only a retirement is left to say.
+        let parked = self.parked();
         let fate = match self.stage {
             Stage::Fresh => return self.home.give_back(self.worker, Returned::Unused(self.conn.take())),
+            Stage::Sent | Stage::Decided(Fate::GiveBack { .. } | Fate::Settle | Fate::Detach) if parked => return,
             // Dropped mid-exchange: its client left while R worked.
             Stage::Sent => {
                 let asked = Asked { hold: Hold::Lease, replayable: false, unreachable: 0, retried: false };
@@ -149,6 +223,8 @@ impl Drop for Lease {
             Fate::Settle => Returned::Abandoned(self.connector.take()),
             // Only a shared (Shiny) worker is kept serving as it is; a lease gives its worker back.
             Fate::Keep => Returned::Answered(None),
+            // Only a parked request is detached from its worker (returned above).
+            Fate::Detach => Returned::Answered(None),
         };
         self.home.give_back(self.worker, returned);
     }

@@ -17,7 +17,15 @@ use crate::worker::{Exit, Stop};
 fn settings(n_min: usize, n_max: usize) -> Settings {
     Settings {
         name: "test".into(),
-        limits: Limits { n_min, n_max, max_requests: None, max_memory: None, max_sessions: 20, busy_threshold: 0.0 },
+        limits: Limits {
+            n_min,
+            n_max,
+            max_requests: None,
+            max_memory: None,
+            max_sessions: 20,
+            busy_threshold: 0.0,
+            max_pending: 4,
+        },
         max_age: Duration::from_secs(5),
         check_unused: Duration::from_secs(1),
         start_timeout: Duration::from_secs(10),

@@ -45,8 +45,11 @@ pub enum Outcome {
     Answered { reusable: bool },
     /// No connection could be made: nothing was sent.
     Unreachable,
-    /// No answer within `--request-timeout`.
+    /// No answer within `--request-timeout`, R computing the request.
     TimedOut(Duration),
+    /// No answer within `--request-timeout`, the request waiting on a promise
+    /// that never settled while R served others.
+    Unsettled(Duration),
     /// The worker broke valve's protocol: nothing it said can be trusted.
     Garbage,
     /// The exchange broke off; the worker's exit, if it was seen soon after.
@@ -66,6 +69,9 @@ pub enum Fate {
     Settle,
     /// A Shiny worker goes on serving its other sessions.
     Keep,
+    /// R holds the request only as a promise and computes nothing for it:
+    /// the worker serves on, and its late answer is dropped.
+    Detach,
 }
 
 /// What the client gets from valve instead of R's answer.
@@ -104,6 +110,14 @@ pub fn after_exchange(outcome: &Outcome, asked: Asked) -> Verdict {
         // Nothing was sent, so any request may go to another worker.
         Outcome::Unreachable if asked.unreachable < CONNECT_TRIES => Next::Retry,
         Outcome::Unreachable => refuse(StatusCode::BAD_GATEWAY, "no R worker could be reached".into()),
+        Outcome::Unsettled(limit) => Next::Refuse(Refusal {
+            status: StatusCode::GATEWAY_TIMEOUT,
+            message: format!(
+                "the endpoint's promise did not settle within --request-timeout ({}s); the R worker serves on",
+                limit.as_secs_f64()
+            ),
+            rejection: Rejection::RequestTimeout,
+        }),
         Outcome::TimedOut(limit) => Next::Refuse(Refusal {
             status: StatusCode::GATEWAY_TIMEOUT,
             message: format!(
@@ -135,6 +149,8 @@ fn fate(outcome: &Outcome, hold: Hold) -> Fate {
         (Outcome::Answered { reusable }, Hold::Lease) => Fate::GiveBack { reusable: *reusable },
         (Outcome::ClientGone, Hold::Lease) => Fate::Settle,
         (Outcome::TimedOut(_), _) => Fate::Retire(Retire::Timeout),
+        (Outcome::Unsettled(_), Hold::Lease) => Fate::Detach,
+        (Outcome::Unsettled(_), Hold::Sticky) => Fate::Keep,
         (Outcome::Unreachable, _) => Fate::Retire(Retire::Broken),
         (Outcome::Garbage | Outcome::Failed(_), Hold::Lease) => Fate::Retire(Retire::Broken),
         (Outcome::Answered { .. } | Outcome::ClientGone | Outcome::Garbage | Outcome::Failed(_), Hold::Sticky) => {
@@ -210,6 +226,23 @@ mod tests {
                     format!("the request ended its R worker ({}); it was not retried", exit.describe())
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_promise_that_never_settles_answers_504_and_leaves_its_worker_serving() {
+        let limit = Duration::from_secs(2);
+        for asked in [GET, POST] {
+            let v = after_exchange(&Outcome::Unsettled(limit), asked);
+            assert_eq!(v.fate, Fate::Detach, "the worker serves its other requests");
+            assert_eq!(
+                refused(&v),
+                (
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "the endpoint's promise did not settle within --request-timeout (2s); the R worker serves on",
+                    Rejection::RequestTimeout
+                )
+            );
         }
     }
 

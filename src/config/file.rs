@@ -302,6 +302,7 @@ impl<'a> Cx<'a> {
         let r_bin = self.string("r_bin", t, &a.r_bin.to_string_lossy()).map(PathBuf::from);
         let env = self.env(t);
         let max_sessions = self.count("max_sessions", t, a.max_sessions as u64, 1, 100_000).map(|n| n as usize);
+        let max_pending = self.count("max_pending", t, u64::from(a.max_pending), 0, 4000).map(|n| n as usize);
         let busy_threshold = self.count("busy_threshold", t, a.busy_threshold as u64, 0, 100).map(|n| n as f64 / 100.0);
         let queue_size = self.count("queue_size", t, a.queue_size as u64, 1, u32::MAX as u64).map(|n| n as usize);
         let max_age = self.seconds("max_age", t, &a.max_age, true);
@@ -322,6 +323,7 @@ impl<'a> Cx<'a> {
             max_requests: max_requests.map(|n| (n > 0).then_some(n))?,
             max_worker_memory: max_worker_memory?,
             max_sessions: max_sessions?,
+            max_pending: max_pending?,
             busy_threshold: busy_threshold?,
             r_bin: r_bin?,
             start_timeout: start_timeout?,

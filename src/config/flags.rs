@@ -150,6 +150,15 @@ pub struct Args {
     #[arg(long = "worker-transport", env = "VALVE_WORKER_TRANSPORT", default_value = "frames", value_parser = ["frames", "httpuv"])]
     pub worker_transport: String,
 
+    /// plumber: requests waiting on promises one worker may hold and still take another (an
+    /// endpoint that returns a pending promise frees R, as in one plain plumber process); a
+    /// worker holding this many takes nothing more until one settles (0: a worker waiting on a
+    /// promise takes nothing more until it settles). Frames transport only; httpuv workers take
+    /// one request at a time.
+    #[arg(long = "max-pending", env = "VALVE_MAX_PENDING", default_value_t = 16, value_name = "N",
+          value_parser = clap::value_parser!(u16).range(0..=4000))]
+    pub max_pending: u16,
+
     /// Shiny: most sessions one worker holds; a new worker starts when all are full.
     #[arg(long = "max-sessions", env = "VALVE_MAX_SESSIONS", default_value_t = 20, value_name = "N")]
     pub max_sessions: usize,
@@ -288,6 +297,7 @@ impl Args {
                 .map(|v| parse_size("--max-worker-memory", v))
                 .transpose()?,
             max_sessions: self.max_sessions,
+            max_pending: usize::from(self.max_pending),
             busy_threshold: f64::from(self.busy_threshold) / 100.0,
             r_bin: self.r_bin.clone(),
             start_timeout: parse_seconds("--start-timeout", &self.start_timeout, false)?,

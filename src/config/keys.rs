@@ -15,6 +15,7 @@ pub(super) const APP_KEYS: &[&str] = &[
     "max_requests",
     "max_worker_memory",
     "max_sessions",
+    "max_pending",
     "busy_threshold",
     "r_bin",
     "start_timeout",

@@ -90,6 +90,8 @@ pub struct AppConfig {
     /// `None`: never recycle by memory. In bytes.
     pub max_worker_memory: Option<u64>,
     pub max_sessions: usize,
+    /// plumber: requests waiting on promises a worker may hold and still take another.
+    pub max_pending: usize,
     /// Shiny: the share of a CPU that makes a worker busy for placement (0: never).
     pub busy_threshold: f64,
     pub r_bin: PathBuf,

@@ -126,6 +126,15 @@ impl Seat {
         }
     }
 
+    /// Whether R left the request waiting on a promise (a lease's worker
+    /// then serves others); if not, it never counts as parked from now on.
+    fn parked(&self) -> bool {
+        match self {
+            Seat::Lease(l) => l.parked(),
+            Seat::Sticky(_) => false,
+        }
+    }
+
     fn hold(&self) -> Hold {
         match self {
             Seat::Lease(_) => Hold::Lease,
@@ -311,6 +320,12 @@ impl Forwarder {
                             let reusable = !closes(&parts.headers);
                             seat.obey(sup, after_exchange(&Outcome::Answered { reusable }, asked).fate);
                             break (seat, parts, body);
+                        }
+                        Err(limit) if seat.parked() && sup.settings.limits.max_pending > 0 => {
+                            // R serves others meanwhile: only this request is given up.
+                            tracing::warn!(app = %sup.settings.name, worker, limit_s = limit.as_secs_f64(),
+                                "request timed out waiting on its promise; its late answer will be dropped");
+                            Outcome::Unsettled(limit)
                         }
                         Err(limit) => {
                             // R was stuck (for every session on it, if it is a Shiny worker).

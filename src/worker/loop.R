@@ -303,6 +303,8 @@
 # an answer that cannot be encoded is httpuv's 500, and a write that fails
 # (valve gone) ends the worker at its next read.
 .valve_park <- function(p, con, id, input) {
+  force(id)  # the caller's `id` and `input` change with the next request
+  force(input)
   finish <- function(resp) {
     frame <- tryCatch(.valve_encode_answer(resp, 0L, id),
                       error = function(e) .valve_with_id(.valve_failed(e, 3L), id))

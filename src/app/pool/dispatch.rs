@@ -1,22 +1,35 @@
-//! The queue and the hand-over: which idle worker takes a request (the most
-//! recently used), the FIFO queue of waiters, a worker coming back (to the
-//! next waiter, idle, or retired past its share or its memory), retiring,
-//! and winding a generation down.
+//! The queue and the hand-over: which worker takes a request (the most
+//! recently used idle one, else the one waiting on the fewest promises), the
+//! FIFO queue of waiters, a worker coming back (to the next waiter, idle or
+//! waiting, or retired past its share or its memory, once its promises
+//! settle), retiring, and winding a generation down.
 
 use std::time::Instant;
 
 use super::{Done, Pool, Release, Retire, State, WorkerId};
 
 impl<W> Pool<W> {
-    /// Takes an idle worker for a request, if there is one. The most recently
-    /// used idle worker is chosen, so that a quiet pool keeps a warm core and the
-    /// rest age out and get pruned.
+    /// Takes a worker for a request, if one is free: the most recently used
+    /// idle worker (so that a quiet pool keeps a warm core and the rest age
+    /// out and get pruned), else the worker waiting on the fewest promises
+    /// that holds fewer than `max_pending` (R is free there now; a new
+    /// worker would first have to start).
     pub fn checkout(&mut self) -> Option<WorkerId> {
-        let (&id, slot) = self
+        let max_pending = self.limits.max_pending;
+        let idle = self
             .slots
-            .iter_mut()
+            .iter()
             .filter(|(_, s)| s.state == State::Idle)
-            .max_by_key(|(id, s)| (s.last_used, std::cmp::Reverse(**id)))?;
+            .max_by_key(|(id, s)| (s.last_used, std::cmp::Reverse(**id)))
+            .map(|(id, _)| *id);
+        let id = idle.or_else(|| {
+            self.slots
+                .iter()
+                .filter(|(_, s)| s.state == State::Waiting && s.parked < max_pending)
+                .min_by_key(|(id, s)| (s.parked, std::cmp::Reverse(s.last_used), **id))
+                .map(|(id, _)| *id)
+        })?;
+        let slot = self.slots.get_mut(&id)?;
         slot.state = State::Busy;
         slot.served += 1;
         Some(id)
@@ -33,9 +46,11 @@ impl<W> Pool<W> {
     }
 
     /// A worker comes back: ready for the first time, done with a request or
-    /// a probe, or never used by the waiter it was handed to. It goes to the
-    /// first waiter still waiting (`waiting` tells), or becomes idle, or, past
-    /// its share of requests or its memory, is retired.
+    /// a probe, its request left waiting on a promise, or never used by the
+    /// waiter it was handed to. It goes to the first waiter still waiting
+    /// (`waiting` tells), or becomes idle (waiting, if it holds requests
+    /// waiting on promises), or, past its share of requests or its memory,
+    /// is retired (once those requests settle).
     pub fn release(&mut self, id: WorkerId, now: Instant, done: Done, waiting: impl Fn(&W) -> bool) -> Release<W> {
         let Some(slot) = self.slots.get_mut(&id) else {
             return Release::Gone;
@@ -52,9 +67,46 @@ impl<W> Pool<W> {
                 slot.proven = true;
                 slot.last_used = now;
             }
+            Done::Parked => {
+                slot.proven = true;
+                slot.last_used = now;
+                slot.parked += 1;
+            }
             Done::Unused => slot.served = slot.served.saturating_sub(1),
             Done::Probed => {}
         }
+        self.free(id, waiting)
+    }
+
+    /// A request a worker held waiting on a promise is over (answered, timed
+    /// out, or its client left). A worker due to stop stops once none is left;
+    /// a waiting one takes the next waiter, or is idle once none is left.
+    pub fn settled(&mut self, id: WorkerId, now: Instant, waiting: impl Fn(&W) -> bool) -> Release<W> {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return Release::Gone;
+        };
+        slot.parked = slot.parked.saturating_sub(1);
+        slot.last_used = now;
+        match slot.state {
+            State::Waiting => self.free(id, waiting),
+            State::Draining if slot.parked == 0 && slot.sessions == 0 && slot.pending.is_empty() => {
+                let reason = slot.retired.unwrap_or(Retire::Requests);
+                slot.state = State::Stopping;
+                Release::Retire(reason)
+            }
+            _ => Release::Gone,
+        }
+    }
+
+    /// Where a worker whose R is free goes: retired (past its share or its
+    /// memory, or its generation winding down; once its requests waiting on
+    /// promises settle), to the next waiter, or idle (waiting, if it holds
+    /// such requests).
+    fn free(&mut self, id: WorkerId, waiting: impl Fn(&W) -> bool) -> Release<W> {
+        let max_pending = self.limits.max_pending;
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return Release::Gone;
+        };
         let retire = if slot.over_memory {
             Some(Retire::Memory)
         } else if slot.limit.is_some_and(|limit| slot.served >= limit) {
@@ -63,24 +115,35 @@ impl<W> Pool<W> {
             None
         };
         if let Some(reason) = retire {
-            slot.state = State::Stopping;
-            slot.retired = Some(reason);
-            return Release::Retire(reason);
+            return Self::stop_when_settled(slot, reason);
         }
-        while let Some(waiter) = self.queue.pop_front() {
-            if waiting(&waiter) {
-                slot.state = State::Busy;
-                slot.served += 1;
-                return Release::Handoff(waiter);
+        if slot.parked == 0 || slot.parked < max_pending {
+            while let Some(waiter) = self.queue.pop_front() {
+                if waiting(&waiter) {
+                    slot.state = State::Busy;
+                    slot.served += 1;
+                    return Release::Handoff(waiter);
+                }
             }
         }
-        if self.winding_down {
-            slot.state = State::Stopping;
-            slot.retired = Some(Retire::Shutdown);
-            return Release::Retire(Retire::Shutdown);
+        // A generation winding down still serves the requests already queued.
+        if self.winding_down && !self.queue.iter().any(&waiting) {
+            return Self::stop_when_settled(slot, Retire::Shutdown);
         }
-        slot.state = State::Idle;
+        slot.state = if slot.parked > 0 { State::Waiting } else { State::Idle };
         Release::Idle
+    }
+
+    /// Stops a worker now, or once its requests waiting on promises settle
+    /// (it takes nothing more meanwhile).
+    fn stop_when_settled(slot: &mut super::Slot, reason: Retire) -> Release<W> {
+        slot.retired = Some(reason);
+        if slot.parked > 0 {
+            slot.state = State::Draining;
+            return Release::Settling;
+        }
+        slot.state = State::Stopping;
+        Release::Retire(reason)
     }
 
     /// Takes a worker out of service now. Returns false if it was not in service.
@@ -114,11 +177,11 @@ impl<W> Pool<W> {
         self.limits.n_min = 0;
         let mut stop = Vec::new();
         for (id, slot) in self.slots.iter_mut() {
-            if slot.state != State::Idle {
+            if !matches!(slot.state, State::Idle | State::Waiting) {
                 continue;
             }
             slot.retired = Some(Retire::Shutdown);
-            if slot.sessions == 0 && slot.pending.is_empty() {
+            if slot.sessions == 0 && slot.pending.is_empty() && slot.parked == 0 {
                 slot.state = State::Stopping;
                 stop.push((*id, Retire::Shutdown));
             } else {

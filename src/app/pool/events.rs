@@ -16,6 +16,12 @@ pub enum Event {
     Completed(WorkerId),
     /// An idle worker answered its liveness probe.
     Probed(WorkerId),
+    /// R returned a pending promise for the request the worker computed: it
+    /// holds that request and is free to compute another.
+    Parked(WorkerId),
+    /// A request the worker held waiting on a promise is over (answered,
+    /// timed out, its client gone).
+    Settled(WorkerId),
     /// A worker handed to a waiter that had just left comes back untouched.
     Unused(WorkerId),
     /// A worker must go now: it broke, hung, stopped answering, or another
@@ -97,6 +103,11 @@ impl<W> Pool<W> {
             }
             Event::Completed(id) => self.came_back(id, now, Done::Completed, &waiting, &mut out),
             Event::Probed(id) => self.came_back(id, now, Done::Probed, &waiting, &mut out),
+            Event::Parked(id) => self.came_back(id, now, Done::Parked, &waiting, &mut out),
+            Event::Settled(id) => {
+                let release = self.settled(id, now, &waiting);
+                self.went(id, release, &mut out);
+            }
             Event::Unused(id) => self.came_back(id, now, Done::Unused, &waiting, &mut out),
             Event::Retire(id, reason) => {
                 if self.retire(id, reason) {
@@ -158,10 +169,16 @@ impl<W> Pool<W> {
         waiting: &impl Fn(&W) -> bool,
         out: &mut Vec<Effect<W>>,
     ) {
-        match self.release(id, now, done, waiting) {
+        let release = self.release(id, now, done, waiting);
+        self.went(id, release, out);
+    }
+
+    /// What a worker coming back means for the executor.
+    fn went(&mut self, id: WorkerId, release: Release<W>, out: &mut Vec<Effect<W>>) {
+        match release {
             Release::Handoff(waiter) => out.push(Effect::Hand { worker: id, waiter }),
             Release::Retire(reason) => out.push(Effect::Retire { worker: id, reason, note: Note::Served }),
-            Release::Idle | Release::Gone => {}
+            Release::Idle | Release::Gone | Release::Settling => {}
         }
     }
 }
@@ -178,8 +195,15 @@ mod tests {
     };
 
     fn pool(n_min: usize, n_max: usize) -> (Pool<u32>, Instant, Vec<WorkerId>) {
-        let limits =
-            Limits { n_min, n_max, max_requests: None, max_memory: Some(1000), max_sessions: 20, busy_threshold: 0.5 };
+        let limits = Limits {
+            n_min,
+            n_max,
+            max_requests: None,
+            max_memory: Some(1000),
+            max_sessions: 20,
+            busy_threshold: 0.5,
+            max_pending: 4,
+        };
         let mut p = Pool::new(limits, Ids::default());
         let t0 = Instant::now();
         let ids = p.grow(t0, usize::MAX).ids;
@@ -311,6 +335,99 @@ mod tests {
                 Effect::Dismiss(5),
                 Effect::Wake
             ]
+        );
+    }
+
+    fn with_pending(
+        n_min: usize,
+        n_max: usize,
+        max_pending: usize,
+        max_requests: Option<u64>,
+    ) -> (Pool<u32>, Instant, Vec<WorkerId>) {
+        let (mut p, t0, ids) = pool(n_min, n_max);
+        p.limits.max_pending = max_pending;
+        p.limits.max_requests = max_requests;
+        for id in &ids {
+            p.slots.get_mut(id).unwrap().limit = max_requests;
+            feed(&mut p, t0, Event::Ready(*id));
+        }
+        (p, t0, ids)
+    }
+
+    #[test]
+    fn a_worker_waiting_on_promises_takes_more_up_to_max_pending_then_the_queue_waits_for_a_settle() {
+        let (mut p, t0, ids) = with_pending(1, 1, 2, None);
+        let w = ids[0];
+        assert_eq!(p.checkout(), Some(w));
+        assert_eq!(feed(&mut p, t0, Event::Parked(w)), vec![]);
+        assert_eq!((p.slot(w).unwrap().state, p.slot(w).unwrap().parked), (State::Waiting, 1));
+        assert_eq!(p.checkout(), Some(w), "R is free: it takes the next request");
+        assert_eq!(feed(&mut p, t0, Event::Parked(w)), vec![]);
+        assert_eq!(p.checkout(), None, "it holds max_pending promises");
+        p.enqueue(9);
+        assert_eq!(feed(&mut p, t0, Event::Settled(w)), vec![Effect::Hand { worker: w, waiter: 9 }]);
+        assert_eq!((p.slot(w).unwrap().state, p.slot(w).unwrap().parked), (State::Busy, 1));
+        assert_eq!(feed(&mut p, t0, Event::Completed(w)), vec![]);
+        assert_eq!(p.slot(w).unwrap().state, State::Waiting);
+        assert_eq!(feed(&mut p, t0, Event::Settled(w)), vec![]);
+        assert_eq!((p.slot(w).unwrap().state, p.slot(w).unwrap().parked), (State::Idle, 0));
+    }
+
+    #[test]
+    fn an_idle_worker_first_then_the_one_waiting_on_the_fewest_promises() {
+        let (mut p, t0, _) = with_pending(3, 3, 4, None);
+        for _ in 0..3 {
+            let w = p.checkout().unwrap();
+            feed(&mut p, t0, Event::Parked(w));
+        }
+        let two = p.checkout().unwrap();
+        feed(&mut p, t0, Event::Parked(two));
+        assert_eq!(p.slot(two).unwrap().parked, 2);
+        let next = p.checkout().unwrap();
+        assert_eq!(p.slot(next).unwrap().parked, 1, "one holding fewer promises");
+        feed(&mut p, t0, Event::Completed(next));
+        feed(&mut p, t0, Event::Settled(two));
+        feed(&mut p, t0, Event::Settled(two));
+        assert_eq!(p.slot(two).unwrap().state, State::Idle);
+        assert_eq!(p.checkout(), Some(two), "an idle worker before any waiting one");
+    }
+
+    #[test]
+    fn zero_max_pending_takes_nothing_while_a_promise_is_pending() {
+        let (mut p, t0, ids) = with_pending(1, 1, 0, None);
+        let w = ids[0];
+        assert_eq!(p.checkout(), Some(w));
+        feed(&mut p, t0, Event::Parked(w));
+        assert_eq!(p.checkout(), None);
+        p.enqueue(3);
+        assert_eq!(feed(&mut p, t0, Event::Settled(w)), vec![Effect::Hand { worker: w, waiter: 3 }]);
+    }
+
+    #[test]
+    fn recycling_and_winding_down_wait_for_pending_promises() {
+        let (mut p, t0, ids) = with_pending(1, 2, 4, Some(1));
+        let w = ids[0];
+        assert_eq!(p.checkout(), Some(w));
+        assert_eq!(feed(&mut p, t0, Event::Parked(w)), vec![], "past its share, it stops once its promise settles");
+        assert_eq!(p.slot(w).unwrap().state, State::Draining);
+        assert_eq!(p.checkout(), None, "a settling worker takes nothing");
+        let quiet = t0 + TIMERS.drain_quiet * 2;
+        let tick = feed(&mut p, quiet, Event::Tick { prune: false });
+        assert!(!tick.iter().any(|e| matches!(e, Effect::Retire { .. })), "not while a promise is pending: {tick:?}");
+        assert_eq!(
+            feed(&mut p, quiet, Event::Settled(w)),
+            vec![Effect::Retire { worker: w, reason: Retire::Requests, note: Note::Served }]
+        );
+
+        let (mut p, t0, ids) = with_pending(1, 1, 4, None);
+        let w = ids[0];
+        p.checkout();
+        feed(&mut p, t0, Event::Parked(w));
+        assert_eq!(feed(&mut p, t0, Event::WindDown), vec![Effect::Wake], "it drains, holding a promise");
+        assert_eq!(p.slot(w).unwrap().state, State::Draining);
+        assert_eq!(
+            feed(&mut p, t0, Event::Settled(w)),
+            vec![Effect::Retire { worker: w, reason: Retire::Shutdown, note: Note::Served }]
         );
     }
 }

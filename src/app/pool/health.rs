@@ -7,7 +7,8 @@ use super::{Pool, Retire, State, WorkerId};
 
 impl<W> Pool<W> {
     /// A memory sample. A worker past the limit is retired now if idle, after
-    /// its request if busy, or (Shiny, with sessions) drained.
+    /// its request if busy, or drained (Shiny, with sessions; plumber, with
+    /// requests waiting on promises).
     pub fn sampled(&mut self, id: WorkerId, bytes: u64) -> Option<Retire> {
         let over = self.limits.max_memory.is_some_and(|max| bytes > max);
         let slot = self.slots.get_mut(&id)?;
@@ -19,7 +20,7 @@ impl<W> Pool<W> {
             State::Idle if slot.sessions == 0 && slot.pending.is_empty() => {
                 self.retire(id, Retire::Memory).then_some(Retire::Memory)
             }
-            State::Idle => {
+            State::Idle | State::Waiting => {
                 slot.state = State::Draining;
                 slot.retired = Some(Retire::Memory);
                 None

@@ -43,8 +43,12 @@ pub enum State {
     Starting,
     /// Answering and free to take a request (a Shiny worker: taking sessions).
     Idle,
-    /// Serving a request; never given a second one.
+    /// R computes a request; never given a second one meanwhile. It may
+    /// also hold requests waiting on promises (`Slot::parked`).
     Busy,
+    /// R computes nothing but holds requests waiting on promises
+    /// (`Slot::parked`); it takes more while it holds fewer than `max_pending`.
+    Waiting,
     /// Answering a liveness probe; given nothing else meanwhile.
     Probing,
     /// Shiny: past a limit; serves the sessions it has, takes no new ones,
@@ -60,6 +64,7 @@ impl State {
             State::Starting => "starting",
             State::Idle => "idle",
             State::Busy => "busy",
+            State::Waiting => "waiting",
             State::Probing => "probing",
             State::Draining => "draining",
             State::Stopping => "stopping",
@@ -68,7 +73,7 @@ impl State {
 
     /// Whether the worker answers requests now.
     pub fn answering(self) -> bool {
-        matches!(self, State::Idle | State::Busy | State::Probing | State::Draining)
+        matches!(self, State::Idle | State::Busy | State::Waiting | State::Probing | State::Draining)
     }
 }
 
@@ -126,6 +131,10 @@ pub struct Slot {
     /// When it answered its readiness probe.
     pub ready_at: Option<Instant>,
     pub served: u64,
+    /// Requests it holds that wait on promises (R computes nothing for them
+    /// until one settles). A worker with any is never pruned, probed or
+    /// stopped gently before they settle.
+    pub parked: usize,
     /// The worker finished a request or opened a Shiny session: it works, so
     /// its death is not a failed start (crash-loop backoff ignores it).
     pub proven: bool,
@@ -178,6 +187,7 @@ impl Slot {
             created: now,
             ready_at: None,
             served: 0,
+            parked: 0,
             proven: false,
             limit,
             memory: None,
@@ -250,6 +260,9 @@ pub struct Limits {
     /// Shiny: the share of one CPU (0.5: half) a worker's R must use to count
     /// as busy for placement; 0 places by session count alone.
     pub busy_threshold: f64,
+    /// plumber: requests waiting on promises a worker may hold and still take
+    /// another (`--max-pending`); 0: a worker holding one takes nothing more.
+    pub max_pending: usize,
 }
 
 /// Worker ids, unique across every app of one valve run (sticky cookies name them).
@@ -271,6 +284,8 @@ pub enum Done {
     Completed,
     /// It answered a liveness probe.
     Probed,
+    /// Its request waits on a promise: R computes nothing now.
+    Parked,
     /// It was handed to a waiter that had already left: nothing was asked of it.
     Unused,
 }
@@ -286,6 +301,8 @@ pub enum Release<W> {
     Gone,
     /// The worker is taken out of service now (its share of requests, its memory).
     Retire(Retire),
+    /// Due to stop, it takes nothing more and stops once its requests waiting on promises settle.
+    Settling,
 }
 
 /// Workers to start, and how long to wait first (crash-loop backoff).

@@ -151,7 +151,12 @@ impl<W> Pool<W> {
         let done: Vec<(WorkerId, Retire)> = self
             .slots
             .iter()
-            .filter(|(_, s)| s.state == State::Draining && s.sessions == 0 && now.duration_since(s.last_used) >= quiet)
+            .filter(|(_, s)| {
+                s.state == State::Draining
+                    && s.sessions == 0
+                    && s.parked == 0
+                    && now.duration_since(s.last_used) >= quiet
+            })
             .map(|(id, s)| (*id, s.retired.unwrap_or(Retire::Requests)))
             .collect();
         done.into_iter().filter(|(id, reason)| self.retire(*id, *reason)).collect()

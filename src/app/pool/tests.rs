@@ -3,7 +3,7 @@
 use super::*;
 
 fn limits(n_min: usize, n_max: usize) -> Limits {
-    Limits { n_min, n_max, max_requests: None, max_memory: None, max_sessions: 20, busy_threshold: 0.0 }
+    Limits { n_min, n_max, max_requests: None, max_memory: None, max_sessions: 20, busy_threshold: 0.0, max_pending: 4 }
 }
 
 fn pool(n_min: usize, n_max: usize) -> (Pool<u32>, Instant) {

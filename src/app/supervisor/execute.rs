@@ -260,4 +260,30 @@ impl Home for Supervisor {
         }
         after.run();
     }
+
+    fn parked(&self, worker: WorkerId) {
+        self.feed_one(worker, Event::Parked(worker), true);
+    }
+
+    fn settled(&self, worker: WorkerId) {
+        self.feed_one(worker, Event::Settled(worker), false);
+    }
+}
+
+impl Supervisor {
+    /// Feeds one event about `worker` to its app's pool (`used`: R just ran
+    /// a request, so its memory is worth a look) and carries the effects out.
+    fn feed_one(&self, worker: WorkerId, event: Event, used: bool) {
+        let mut after = After::default();
+        {
+            let mut f = self.fleet.lock();
+            let Some(app) = f.apps.get_mut(&self.key) else { return };
+            let Some(this) = app.sup.upgrade() else { return };
+            if let (true, Some(live)) = (used, app.live.get(&worker)) {
+                live.used.notify_one();
+            }
+            this.feed(app, event, &mut after);
+        }
+        after.run();
+    }
 }

@@ -91,6 +91,7 @@ impl Settings {
                 max_memory: app.max_worker_memory,
                 max_sessions: app.max_sessions,
                 busy_threshold: if app.is_shiny() { app.busy_threshold } else { 0.0 },
+                max_pending: app.max_pending,
             },
             max_age: app.max_age,
             check_unused,

@@ -6,11 +6,11 @@
 //! stream stays in step. R reads a ping only while it computes nothing, so a
 //! pong also says R is free (what an abandoned lease waits for).
 
+use std::collections::HashMap;
 use std::io::{self, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -246,7 +246,8 @@ async fn outgoing(req: http::Request<WireBody>) -> Result<Outgoing, SendError> {
         remote_port: &remote_port,
     };
     let head = head::encode(&rook, &parts.headers);
-    let header = FrameHeader { kind: answer::REQUEST, flags, id: 0, head_len: head.len() as u32, body_len: body.len() as u64 };
+    let header =
+        FrameHeader { kind: answer::REQUEST, flags, id: 0, head_len: head.len() as u32, body_len: body.len() as u64 };
     let mut frame = Vec::with_capacity(HEADER_LEN + head.len() + body.len());
     frame.extend_from_slice(&header.bytes());
     frame.extend_from_slice(&head);
@@ -284,7 +285,13 @@ enum Step {
 }
 
 /// The one task that reads a worker's connection: pongs, WAITING, answers.
-async fn read_frames(mut rd: BufReader<OwnedReadHalf>, table: Arc<Table>, alive: Arc<AtomicBool>, id: WorkerId, pid: u32) {
+async fn read_frames(
+    mut rd: BufReader<OwnedReadHalf>,
+    table: Arc<Table>,
+    alive: Arc<AtomicBool>,
+    id: WorkerId,
+    pid: u32,
+) {
     loop {
         let h = match read_header(&mut rd).await {
             Ok(h) => h,
@@ -296,8 +303,12 @@ async fn read_frames(mut rd: BufReader<OwnedReadHalf>, table: Arc<Table>, alive:
             answer::ANSWER => {
                 let entry = table.lock().requests.remove(&h.id);
                 if entry.is_none() {
-                    tracing::error!(worker = id, pid, request = h.id,
-                        "the worker answered a request valve did not send or no longer has; the answer is dropped");
+                    tracing::error!(
+                        worker = id,
+                        pid,
+                        request = h.id,
+                        "the worker answered a request valve did not send or no longer has; the answer is dropped"
+                    );
                 }
                 answer(&mut rd, h, entry, id, pid).await
             }
@@ -361,8 +372,12 @@ fn waiting(h: FrameHeader, table: &Table, id: WorkerId, pid: u32) -> Step {
                 entry.park.clone()
             }
             _ => {
-                tracing::error!(worker = id, pid, request = h.id,
-                    "the worker says a request waits on a promise that is not one it computes; ignored");
+                tracing::error!(
+                    worker = id,
+                    pid,
+                    request = h.id,
+                    "the worker says a request waits on a promise that is not one it computes; ignored"
+                );
                 return Step::Next;
             }
         }

@@ -43,9 +43,10 @@ fn answer_frame(flags: u8, status: i32, headers: &[(&str, &str)], body: &[u8]) -
         head.extend(n.as_bytes());
         head.extend(v.as_bytes());
     }
-    let mut out = FrameHeader { kind: answer::ANSWER, flags, id: 0, head_len: head.len() as u32, body_len: body.len() as u64 }
-        .bytes()
-        .to_vec();
+    let mut out =
+        FrameHeader { kind: answer::ANSWER, flags, id: 0, head_len: head.len() as u32, body_len: body.len() as u64 }
+            .bytes()
+            .to_vec();
     out.extend(head);
     out.extend(body);
     out
