@@ -187,8 +187,16 @@ struct History {
 pub struct Gauges {
     pub starting: usize,
     pub idle: usize,
+    /// Workers whose R computes a request (or answers a probe).
     pub busy: usize,
-    /// Shiny workers past a limit, serving only the sessions they hold.
+    /// plumber workers whose R computes nothing but that hold requests waiting on promises.
+    pub waiting: usize,
+    /// Requests waiting on promises, across the workers.
+    pub pending: usize,
+    /// The waiting workers as saturation counts them: each by its share of
+    /// `max_pending` (1: full, or max_pending 0).
+    pub waiting_load: f64,
+    /// Workers past a limit, serving only the sessions (Shiny) or promises (plumber) they hold.
     pub draining: usize,
     pub queued: usize,
     pub n_max: usize,
@@ -197,10 +205,10 @@ pub struct Gauges {
 }
 
 impl Gauges {
-    /// (busy workers + queued requests) / n_max: above 1, requests wait; the
-    /// metric to autoscale on.
+    /// (busy workers + waiting workers by their pending share + queued
+    /// requests) / n_max: above 1, requests wait; the metric to autoscale on.
     pub fn saturation(&self) -> f64 {
-        (self.busy + self.queued) as f64 / self.n_max.max(1) as f64
+        (self.busy as f64 + self.waiting_load + self.queued as f64) / self.n_max.max(1) as f64
     }
 
     /// Adds another generation's gauges of the same app.
@@ -208,6 +216,9 @@ impl Gauges {
         self.starting += other.starting;
         self.idle += other.idle;
         self.busy += other.busy;
+        self.waiting += other.waiting;
+        self.pending += other.pending;
+        self.waiting_load += other.waiting_load;
         self.draining += other.draining;
         self.queued += other.queued;
         self.n_max = self.n_max.max(other.n_max);
@@ -385,9 +396,28 @@ impl Registry {
             }
         };
         per_app(&mut out, "valve_queue_depth", "gauge", "Requests waiting for a worker.", &|g| g.queued.to_string());
-        header(&mut out, "valve_workers", "gauge", "Workers by state.");
+        per_app(
+            &mut out,
+            "valve_pending_requests",
+            "gauge",
+            "Requests R holds waiting on promises (the workers compute others meanwhile).",
+            &|g| g.pending.to_string(),
+        );
+        header(
+            &mut out,
+            "valve_workers",
+            "gauge",
+            "Workers by state (busy: R computes; waiting: R holds only requests waiting on promises).",
+        );
         for (app, g) in gauges {
-            for (state, n) in [("starting", g.starting), ("idle", g.idle), ("busy", g.busy), ("draining", g.draining)] {
+            let states = [
+                ("starting", g.starting),
+                ("idle", g.idle),
+                ("busy", g.busy),
+                ("waiting", g.waiting),
+                ("draining", g.draining),
+            ];
+            for (state, n) in states {
                 let _ = writeln!(out, "valve_workers{{app=\"{app}\",state=\"{state}\"}} {n}");
             }
         }
@@ -398,7 +428,7 @@ impl Registry {
             &mut out,
             "valve_saturation",
             "gauge",
-            "(Busy workers + queued requests) / n_max: above 1 requests wait. Autoscale on it.",
+            "(Busy workers + waiting workers by their share of --max-pending + queued requests) / n_max: above 1 requests wait. Autoscale on it.",
             &|g| format!("{:.4}", g.saturation()),
         );
         per_app(&mut out, "valve_shiny_sessions", "gauge", "Open Shiny sessions (WebSockets).", &|g| {

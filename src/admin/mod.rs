@@ -197,7 +197,8 @@ impl Admin {
                 "preload": c.preload,
                 "ready": m.sup.ready(),
                 "generations": 1 + m.older.len(),
-                "pool": { "starting": g.starting, "idle": g.idle, "busy": g.busy, "draining": g.draining,
+                "pool": { "starting": g.starting, "idle": g.idle, "busy": g.busy, "waiting": g.waiting,
+                          "pending": g.pending, "draining": g.draining,
                           "n_min": c.n_min, "n_max": c.n_max },
                 "queue": { "waiting": g.queued, "limit": c.queue_size, "timeout_s": c.queue_timeout.as_secs_f64() },
                 "sessions": g.sessions,
@@ -211,6 +212,7 @@ impl Admin {
                     "max_requests": c.max_requests,
                     "max_worker_memory": c.max_worker_memory,
                     "max_sessions": c.max_sessions,
+                    "max_pending": c.max_pending,
                 },
             }));
         }
@@ -223,7 +225,8 @@ impl Admin {
             "max_workers": self.fleet.max_workers(),
             "r_processes": self.fleet.processes(),
             "workers": all_workers,
-            "pool": { "starting": total.starting, "idle": total.idle, "busy": total.busy, "draining": total.draining,
+            "pool": { "starting": total.starting, "idle": total.idle, "busy": total.busy, "waiting": total.waiting,
+                      "pending": total.pending, "draining": total.draining,
                       "n_min": first.map(|m| m.config.n_min), "n_max": first.map(|m| m.config.n_max) },
             "queue": { "waiting": total.queued,
                        "limit": first.map(|m| m.config.queue_size),

@@ -216,7 +216,6 @@ async fn eight_promises_overlap(base: &str) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 28: needs async-aware workers"]
 async fn promises_overlap_on_one_worker() {
     need_async_packages();
     let valve = Valve::start(&["-f", &api(), "-n", "1"]);
@@ -300,7 +299,6 @@ async fn echo_overtakes_pending_promises(base: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 28: needs async-aware workers"]
 async fn a_fast_call_is_not_blocked_by_pending_promises() {
     need_async_packages();
     let valve = Valve::start(&["-f", &api(), "-n", "1"]);
@@ -313,4 +311,83 @@ async fn plain_plumber_answers_a_fast_call_amid_pending_promises() {
     need_async_packages();
     let plumber = Plumber::start(&fixture("async_api.R"));
     echo_overtakes_pending_promises(&plumber.url).await;
+}
+
+/// Waits until valve's one app holds `pending` requests waiting on promises.
+fn wait_for_pending(valve: &Valve, pending: u64) {
+    wait_until(&format!("{pending} request(s) waiting on promises"), TAKE_DEADLINE, || {
+        valve.status()["pool"]["pending"] == pending
+    });
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_promise_that_never_settles_gets_504_and_its_worker_serves_on() {
+    need_async_packages();
+    let valve = Valve::start(&["-f", &api(), "-n", "1", "--request-timeout", "2"]);
+    let base = valve.url.clone();
+    let never = tokio::spawn(async move { client().get(format!("{base}/never")).send().await.unwrap() });
+    wait_for_pending(&valve, 1);
+    let later: Later = {
+        let resp = client().get(format!("{}/later?secs=0.2&id=beside", valve.url)).send().await.unwrap();
+        let status = resp.status().as_u16();
+        later_answer(status, &resp.text().await.unwrap())
+    };
+    assert_eq!(later.id, "beside", "a request beside the unsettled promise is answered");
+    let never = never.await.unwrap();
+    assert_eq!(never.status(), StatusCode::GATEWAY_TIMEOUT);
+    let body: serde_json::Value = never.json().await.unwrap();
+    assert!(body["error"].as_str().unwrap().contains("did not settle within --request-timeout"), "{body}");
+    // The worker was not killed: the same process answers on.
+    let echo: serde_json::Value =
+        client().get(format!("{}/echo", valve.url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(echo["pid"].as_u64(), Some(later.pid));
+    assert_eq!(valve.workers(), vec![later.pid as u32]);
+    wait_for_pending(&valve, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_requests_a_dead_worker_held_waiting_on_promises_are_tried_again_elsewhere() {
+    need_async_packages();
+    let valve = Valve::start(&["-f", &api(), "-n", "1"]);
+    let first = valve.workers();
+    let held: Vec<_> = (0..2)
+        .map(|i| {
+            let url = format!("{}/later?secs=5&id=held{i}", valve.url);
+            tokio::spawn(async move {
+                let resp = client().get(url).send().await.unwrap();
+                let status = resp.status().as_u16();
+                later_answer(status, &resp.text().await.unwrap())
+            })
+        })
+        .collect();
+    wait_for_pending(&valve, 2);
+    // The worker dies from outside (an OOM kill) holding both.
+    unsafe { libc::kill(first[0] as i32, libc::SIGKILL) };
+    for (i, call) in held.into_iter().enumerate() {
+        let later = call.await.unwrap();
+        assert_eq!(later.id, format!("held{i}"));
+        assert!(!first.contains(&(later.pid as u32)), "a GET the dead worker held went to a new worker");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_waits_for_pending_promises_to_settle() {
+    need_async_packages();
+    let mut valve = Valve::start(&["-f", &api(), "-n", "1"]);
+    let calls: Vec<_> = (0..3)
+        .map(|i| {
+            let url = format!("{}/later?secs=2&id=p{i}", valve.url);
+            tokio::spawn(async move {
+                let resp = client().get(url).send().await.unwrap();
+                let status = resp.status().as_u16();
+                later_answer(status, &resp.text().await.unwrap())
+            })
+        })
+        .collect();
+    wait_for_pending(&valve, 3);
+    valve.signal(libc::SIGTERM);
+    for (i, call) in calls.into_iter().enumerate() {
+        assert_eq!(call.await.unwrap().id, format!("p{i}"), "a pending promise settled and was answered");
+    }
+    assert!(valve.wait_exit(TAKE_DEADLINE).success());
 }

@@ -11,7 +11,11 @@ use super::{now, Supervisor};
 pub struct WorkerStatus {
     pub id: WorkerId,
     pub pid: Option<u32>,
+    /// starting, idle, busy (R computes), waiting (R holds only requests
+    /// waiting on promises), probing, draining, stopping.
     pub state: &'static str,
+    /// Requests it holds waiting on promises.
+    pub pending: usize,
     pub requests: u64,
     pub sessions: usize,
     pub uptime_s: f64,
@@ -35,6 +39,16 @@ pub(super) fn gauges<W>(pool: &Pool<W>) -> Gauges {
         starting: pool.count(State::Starting),
         idle: pool.count(State::Idle),
         busy: pool.count(State::Busy) + pool.count(State::Probing),
+        waiting: pool.count(State::Waiting),
+        pending: pool.slots().map(|(_, s)| s.parked).sum(),
+        waiting_load: pool
+            .slots()
+            .filter(|(_, s)| s.state == State::Waiting)
+            .map(|(_, s)| match pool.limits().max_pending {
+                0 => 1.0,
+                max => (s.parked as f64 / max as f64).min(1.0),
+            })
+            .sum(),
         draining: pool.count(State::Draining),
         queued: pool.queue_len(),
         n_max: pool.limits().n_max,
@@ -70,6 +84,7 @@ impl Supervisor {
                         id,
                         pid: live.and_then(|l| l.pid),
                         state: slot.state.as_str(),
+                        pending: slot.parked,
                         requests: slot.served,
                         sessions: slot.sessions,
                         uptime_s: now.duration_since(slot.created).as_secs_f64(),
