@@ -30,7 +30,7 @@ HELLO, ANSWER, PONG = ord("H"), ord("A"), ord("O")
 REQ_BODY_FILE = 1
 # ANSWER flags
 ANS_BODY_FILE, ANS_FILE_OWNED, ANS_NO_BODY, ANS_LOOP_ERROR = 1, 2, 4, 8
-PROTOCOL = b"valve-frames/1"
+PROTOCOL = b"valve-frames/2"
 
 HEADER = struct.Struct(">BBxxIQ")  # type, flags, 2 reserved, head length, body length
 
