@@ -11,7 +11,8 @@ use reqwest::{Method, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::harness::{
-    client, fixture, need_r_packages, preloading, unread_by_server, wait_until, Plumber, Valve, TAKE_DEADLINE,
+    client, comparable, fixture, need_r_packages, preloading, unread_by_server, wait_until, Plumber, Valve,
+    TAKE_DEADLINE,
 };
 
 fn api() -> String {
@@ -40,22 +41,7 @@ fn get(path: &'static str) -> Case {
 
 /// A summary of an answer that must match: status, headers but `date`, body.
 async fn fetch(base: &str, case: &Case) -> (StatusCode, Vec<(String, String)>, String) {
-    let mut req = client().request(case.method.clone(), format!("{base}{}", case.path));
-    for (k, v) in case.headers {
-        req = req.header(*k, *v);
-    }
-    if let Some(body) = case.body {
-        req = req.body(body.to_vec());
-    }
-    let resp = req.send().await.unwrap_or_else(|e| panic!("{} {} to {base}: {e}", case.method, case.path));
-    let status = resp.status();
-    let mut headers: Vec<(String, String)> = resp
-        .headers()
-        .iter()
-        .filter(|(k, _)| !matches!(k.as_str(), "date" | "connection" | "keep-alive"))
-        .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).to_string()))
-        .collect();
-    let body = resp.bytes().await.unwrap().to_vec();
+    let (status, mut headers, body) = comparable(base, &case.method, case.path, case.headers, case.body).await;
     let content_type = headers.iter().find(|(k, _)| k == "content-type").map(|(_, v)| v.clone());
     if case.volatile.is_empty() {
         let described = if content_type.as_deref() == Some("image/png") { png(&body, base) } else { describe(&body) };

@@ -3,7 +3,7 @@
 
 use reqwest::{Method, StatusCode};
 
-use crate::harness::{client, fixture, need_r_packages, plumber_example, Plumber, Valve};
+use crate::harness::{client, comparable, fixture, need_r_packages, plumber_example, Plumber, Valve};
 
 /// One request to send to both, and what to leave out of the comparison.
 struct Case {
@@ -55,21 +55,7 @@ fn post_as(path: &'static str, content_type: &'static str, body: &'static [u8]) 
 
 /// A summary of an answer that must match: status, headers but `date`, bytes.
 async fn fetch(base: &str, case: &Case) -> (StatusCode, Vec<(String, String)>, String) {
-    let mut req = client().request(case.method.clone(), format!("{base}{}", case.path));
-    for (k, v) in case.headers {
-        req = req.header(*k, *v);
-    }
-    if let Some(body) = case.body {
-        req = req.body(body.to_vec());
-    }
-    let resp = req.send().await.unwrap_or_else(|e| panic!("{} {} to {base}: {e}", case.method, case.path));
-    let status = resp.status();
-    let mut headers: Vec<(String, String)> = resp
-        .headers()
-        .iter()
-        .filter(|(k, _)| !matches!(k.as_str(), "date" | "connection" | "keep-alive"))
-        .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).to_string()))
-        .collect();
+    let (status, mut headers, mut body) = comparable(base, &case.method, case.path, case.headers, case.body).await;
     if case.random_cookie {
         for (k, v) in headers.iter_mut() {
             if k == "set-cookie" {
@@ -77,7 +63,6 @@ async fn fetch(base: &str, case: &Case) -> (StatusCode, Vec<(String, String)>, S
             }
         }
     }
-    let mut body = resp.bytes().await.unwrap().to_vec();
     if case.gunzip {
         headers.retain(|(k, _)| k != "content-length" && k != "transfer-encoding");
         let mut plain = Vec::new();

@@ -532,3 +532,31 @@ pub fn client() -> reqwest::Client {
         .build()
         .unwrap()
 }
+
+/// Sends one request to `base` and returns its status, its headers but those
+/// that differ by design between two servers (`date`, `connection`,
+/// `keep-alive`), and its body: what the fidelity tests compare.
+pub async fn comparable(
+    base: &str,
+    method: &reqwest::Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> (reqwest::StatusCode, Vec<(String, String)>, Vec<u8>) {
+    let mut req = client().request(method.clone(), format!("{base}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    if let Some(body) = body {
+        req = req.body(body.to_vec());
+    }
+    let resp = req.send().await.unwrap_or_else(|e| panic!("{method} {path} to {base}: {e}"));
+    let status = resp.status();
+    let headers = resp
+        .headers()
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "date" | "connection" | "keep-alive"))
+        .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).to_string()))
+        .collect();
+    (status, headers, resp.bytes().await.unwrap().to_vec())
+}
