@@ -299,6 +299,15 @@ async fn plain_plumber_answers_a_fast_call_amid_pending_promises() {
     echo_overtakes_pending_promises(&plumber.url).await;
 }
 
+/// GETs a `/later` URL in a task of its own; the task gives its answer.
+fn spawn_later(url: String) -> tokio::task::JoinHandle<Later> {
+    tokio::spawn(async move {
+        let resp = client().get(url).send().await.unwrap();
+        let status = resp.status().as_u16();
+        later_answer(status, &resp.text().await.unwrap())
+    })
+}
+
 /// Waits until valve's one app holds `pending` requests waiting on promises.
 fn wait_for_pending(valve: &Valve, pending: u64) {
     wait_until(&format!("{pending} request(s) waiting on promises"), TAKE_DEADLINE, || {
@@ -336,16 +345,7 @@ async fn the_requests_a_dead_worker_held_waiting_on_promises_are_tried_again_els
     need_async_packages();
     let valve = Valve::start(&["-f", &api(), "-n", "1"]);
     let first = valve.workers();
-    let held: Vec<_> = (0..2)
-        .map(|i| {
-            let url = format!("{}/later?secs=5&id=held{i}", valve.url);
-            tokio::spawn(async move {
-                let resp = client().get(url).send().await.unwrap();
-                let status = resp.status().as_u16();
-                later_answer(status, &resp.text().await.unwrap())
-            })
-        })
-        .collect();
+    let held: Vec<_> = (0..2).map(|i| spawn_later(format!("{}/later?secs=5&id=held{i}", valve.url))).collect();
     wait_for_pending(&valve, 2);
     // The worker dies from outside (an OOM kill) holding both.
     unsafe { libc::kill(first[0] as i32, libc::SIGKILL) };
@@ -360,16 +360,7 @@ async fn the_requests_a_dead_worker_held_waiting_on_promises_are_tried_again_els
 async fn sigterm_waits_for_pending_promises_to_settle() {
     need_async_packages();
     let mut valve = Valve::start(&["-f", &api(), "-n", "1"]);
-    let calls: Vec<_> = (0..3)
-        .map(|i| {
-            let url = format!("{}/later?secs=2&id=p{i}", valve.url);
-            tokio::spawn(async move {
-                let resp = client().get(url).send().await.unwrap();
-                let status = resp.status().as_u16();
-                later_answer(status, &resp.text().await.unwrap())
-            })
-        })
-        .collect();
+    let calls: Vec<_> = (0..3).map(|i| spawn_later(format!("{}/later?secs=2&id=p{i}", valve.url))).collect();
     wait_for_pending(&valve, 3);
     valve.signal(libc::SIGTERM);
     for (i, call) in calls.into_iter().enumerate() {
