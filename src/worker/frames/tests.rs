@@ -84,9 +84,10 @@ async fn fake_worker(
             if h.kind == answer::PING {
                 pong(&mut s, &head).await;
             } else {
-                // Answers carry their request's id, as loop.R's do.
+                // Answers carry their request's id, as loop.R's do (unless the
+                // fake set one of its own).
                 let mut out = answer(h, head, body);
-                if out.len() >= HEADER_LEN && out[0] == answer::ANSWER {
+                if out.len() >= HEADER_LEN && out[0] == answer::ANSWER && out[2..4] == [0, 0] {
                     out[2..4].copy_from_slice(&h.id.to_be_bytes());
                 }
                 if s.write_all(&out).await.is_err() {
@@ -269,4 +270,106 @@ fn secrets_compare_whole() {
     assert!(same_secret(b"abc", b"abc"));
     assert!(!same_secret(b"abc", b"abd"));
     assert!(!same_secret(b"abc", b"abcd"));
+}
+
+/// Counts what a link tells a request's `Park`.
+#[derive(Default)]
+struct Counted {
+    parked: std::sync::atomic::AtomicUsize,
+    settled: std::sync::atomic::AtomicUsize,
+}
+
+impl crate::worker::wire::Parking for Counted {
+    fn parked(&self) -> bool {
+        self.parked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        true
+    }
+
+    fn settled(&self) {
+        self.settled.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn frame(kind: u8, id: u16) -> Vec<u8> {
+    FrameHeader { kind, flags: 0, id, head_len: 0, body_len: 0 }.bytes().to_vec()
+}
+
+#[tokio::test]
+async fn requests_waiting_on_promises_are_answered_in_any_order_and_stray_frames_lose_nothing() {
+    let hub = FrameHub::start().unwrap();
+    let mut first = None;
+    let (connector, mut conn) = ready(&hub, 9, move |h, _, _| match first {
+        None => {
+            first = Some(h.id);
+            // WAITING for it, then a WAITING for a request never sent and an
+            // answer for one never sent: both are dropped, with a log line.
+            let mut out = frame(answer::WAITING, h.id);
+            out.extend(frame(answer::WAITING, 999));
+            let mut stray = answer_frame(0, 200, &[], b"nobody's");
+            stray[2..4].copy_from_slice(&4242u16.to_be_bytes());
+            out.extend(stray);
+            out
+        }
+        Some(id) => {
+            // The second is answered first; then the first's promise settles.
+            let mut out = answer_frame(0, 200, &[], b"second");
+            out[2..4].copy_from_slice(&h.id.to_be_bytes());
+            let mut later = answer_frame(0, 200, &[], b"first");
+            later[2..4].copy_from_slice(&id.to_be_bytes());
+            out.extend(later);
+            out
+        }
+    })
+    .await;
+    let mut other = connector.connect(false).await.unwrap();
+    let park = Arc::new(Counted::default());
+    let mut req = get("/first");
+    req.extensions_mut().insert(crate::worker::wire::Park(park.clone()));
+    let first =
+        tokio::spawn(async move { conn.send(req).await.unwrap().into_body().collect().await.unwrap().to_bytes() });
+    // Once it is parked, a second request goes on the same link.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while park.parked.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the WAITING reached the request's Park");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let second = other.send(get("/second")).await.unwrap().into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(second, "second");
+    assert_eq!(first.await.unwrap(), "first", "each answer matched to its request by id");
+    assert_eq!(park.parked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(park.settled.load(std::sync::atomic::Ordering::SeqCst), 1, "settled once, when answered");
+    assert!(other.ready().await.is_ok(), "stray frames did not end the link");
+}
+
+#[tokio::test]
+async fn a_parked_request_given_up_is_settled_at_once_and_its_late_answer_dropped() {
+    let hub = FrameHub::start().unwrap();
+    let mut parked_id = None;
+    let (_c, mut conn) = ready(&hub, 10, move |h, _, _| match parked_id {
+        None => {
+            parked_id = Some(h.id);
+            frame(answer::WAITING, h.id)
+        }
+        Some(id) => {
+            // The late answer of the first, then the second's own.
+            let mut late = answer_frame(0, 200, &[], b"late");
+            late[2..4].copy_from_slice(&id.to_be_bytes());
+            let mut out = answer_frame(0, 200, &[], b"mine");
+            out[2..4].copy_from_slice(&h.id.to_be_bytes());
+            late.extend(out);
+            late
+        }
+    })
+    .await;
+    let park = Arc::new(Counted::default());
+    let mut req = get("/never");
+    req.extensions_mut().insert(crate::worker::wire::Park(park.clone()));
+    // A timeout gives the request up while it waits on its promise.
+    let gave_up = tokio::time::timeout(Duration::from_millis(300), conn.send(req)).await;
+    assert!(gave_up.is_err());
+    assert_eq!(park.parked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(park.settled.load(std::sync::atomic::Ordering::SeqCst), 1, "settled when given up");
+    let body = conn.send(get("/next")).await.unwrap().into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "mine", "the late answer went nowhere");
+    assert_eq!(park.settled.load(std::sync::atomic::Ordering::SeqCst), 1, "and settled nothing twice");
 }
