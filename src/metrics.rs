@@ -539,6 +539,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn saturation_counts_a_worker_waiting_on_promises_by_its_pending_share() {
+        let g =
+            Gauges { busy: 1, waiting: 2, pending: 3, waiting_load: 0.75, queued: 1, n_max: 4, ..Gauges::default() };
+        assert_eq!(g.saturation(), (1.0 + 0.75 + 1.0) / 4.0);
+        let r = Registry::default();
+        r.app("api");
+        let mut gauges = BTreeMap::new();
+        gauges.insert("api".to_string(), g);
+        let text = r.render(&gauges, 1, 4);
+        assert!(text.contains("valve_pending_requests{app=\"api\"} 3"), "{text}");
+        assert!(text.contains("valve_workers{app=\"api\",state=\"waiting\"} 2"));
+        assert!(text.contains("valve_saturation{app=\"api\"} 0.6875"));
+    }
+
+    #[test]
     fn histogram_buckets_are_cumulative_and_labelled_by_app() {
         let r = Registry::default();
         let m = r.app("api");
