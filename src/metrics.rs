@@ -237,6 +237,8 @@ pub struct AppMetrics {
     rejected: [AtomicU64; Rejection::ALL.len()],
     sessions_opened: AtomicU64,
     memory: Mutex<BTreeMap<WorkerId, u64>>,
+    /// Requests each worker holds waiting on promises (workers that ever held one).
+    pending: Mutex<BTreeMap<WorkerId, usize>>,
     history: Mutex<History>,
 }
 
@@ -256,6 +258,7 @@ impl AppMetrics {
             rejected: Default::default(),
             sessions_opened: AtomicU64::new(0),
             memory: Mutex::new(BTreeMap::new()),
+            pending: Mutex::new(BTreeMap::new()),
             history: Mutex::new(History {
                 points: VecDeque::with_capacity(HISTORY),
                 last_total: 0,
@@ -287,8 +290,14 @@ impl AppMetrics {
         self.memory.lock().unwrap_or_else(|p| p.into_inner()).insert(id, bytes);
     }
 
+    /// How many requests a worker holds waiting on promises now.
+    pub fn worker_pending(&self, id: WorkerId, pending: usize) {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(id, pending);
+    }
+
     pub fn forget_worker(&self, id: WorkerId) {
         self.memory.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
     }
 
     /// Takes this second's point for the dashboard (called once a second).
@@ -454,6 +463,17 @@ impl Registry {
                 let _ = writeln!(out, "valve_worker_memory_bytes{{app=\"{}\",worker=\"{id}\"}} {bytes}", a.name);
             }
         }
+        header(
+            &mut out,
+            "valve_worker_pending_requests",
+            "gauge",
+            "Requests each worker holds waiting on promises (workers that held one).",
+        );
+        for a in &apps {
+            for (id, n) in a.pending.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                let _ = writeln!(out, "valve_worker_pending_requests{{app=\"{}\",worker=\"{id}\"}} {n}", a.name);
+            }
+        }
         header(&mut out, "valve_worker_exits_total", "counter", "Workers that left the pool, by reason.");
         for a in &apps {
             for r in ExitReason::ALL {
@@ -551,6 +571,9 @@ mod tests {
         assert!(text.contains("valve_pending_requests{app=\"api\"} 3"), "{text}");
         assert!(text.contains("valve_workers{app=\"api\",state=\"waiting\"} 2"));
         assert!(text.contains("valve_saturation{app=\"api\"} 0.6875"));
+        r.app("api").worker_pending(7, 2);
+        let text = r.render(&gauges, 1, 4);
+        assert!(text.contains("valve_worker_pending_requests{app=\"api\",worker=\"7\"} 2"), "{text}");
     }
 
     #[test]

@@ -283,6 +283,9 @@ impl Supervisor {
                 live.used.notify_one();
             }
             this.feed(app, event, &mut after);
+            if let Some(slot) = app.pool.slot(worker) {
+                self.metrics.worker_pending(worker, slot.parked);
+            }
         }
         after.run();
     }
