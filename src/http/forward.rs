@@ -6,10 +6,10 @@
 //!    handshake (400), a declared body over the limit (413);
 //! 2. the body read whole (memory, then a spool file) before any worker is
 //!    taken: a slow upload costs a connection, never a worker;
-//! 3. a worker: a `Lease` for plumber (one request at a time), the sticky
-//!    worker for Shiny;
+//! 3. a worker: a `Lease` for plumber (one R computation at a time), the
+//!    sticky worker for Shiny;
 //! 4. the exchange, under `--request-timeout` (a worker past it is killed:
-//!    504), with one retry rule: a request that never reached a worker goes
+//!    504; a request only waiting on a promise gets 504 alone), with one retry rule: a request that never reached a worker goes
 //!    to another; a bodyless GET, HEAD or OPTIONS whose worker died under it
 //!    is sent once more, unless the worker ended itself (`quit()`, a crash):
 //!    then the request is the cause and a second worker would die the same way;
@@ -89,7 +89,7 @@ enum Answer {
     Stream(AnswerBody),
 }
 
-/// The worker a request holds: a lease (plumber: one request at a time) or
+/// The worker a request holds: a lease (plumber: one R computation at a time) or
 /// the browser's sticky worker (Shiny: many sessions at once), and the
 /// connection the request goes on.
 enum Seat {
