@@ -431,6 +431,7 @@ class Listener:
 SERVE_FRAMES_R = r"""
 args <- commandArgs(TRUE)  # api loop.R encoding warm_up
 source(args[2])
+source(file.path(dirname(dirname(dirname(normalizePath(args[2])))), "bench", "r-loop", "decoders.R"))
 serve <- function(app, warm_up = as.logical(args[4])) {
   valve_serve_frames(app, port = as.integer(Sys.getenv("VALVE_FRAME_PORT")),
                      token = Sys.getenv("VALVE_FRAME_TOKEN"), worker_id = Sys.getenv("VALVE_WORKER_ID"),

@@ -7,7 +7,7 @@
 //! pong also says R is free (what an abandoned lease waits for).
 
 use std::collections::HashMap;
-use std::io::{self, Write};
+use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use flate2::write::GzEncoder;
 use http::{Method, Response};
 use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
@@ -25,6 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::answer::{self, Asked, FrameHeader, Garbage, HEADER_LEN};
 use super::head;
+use super::sink::{AnswerFile, Gzip, Sink, CHUNK};
 use crate::worker::wire::{AnswerBody, ClientAddrs, FrameBody, Park, Parking, SendError, Spooled, WireBody, WorkerId};
 
 /// The largest answer head valve reads (status and headers).
@@ -32,9 +32,6 @@ const MAX_ANSWER_HEAD: u32 = 64 << 20;
 
 /// The longest file path an answer may name.
 const MAX_PATH: u64 = 64 * 1024;
-
-/// How much of an answer body is read (and passed on) at a time.
-const CHUNK: usize = 64 * 1024;
 
 /// Chunks in flight between a link and the answer's reader.
 const CHUNKS_IN_FLIGHT: usize = 8;
@@ -499,138 +496,5 @@ async fn answer(
             Ok(()) => Step::Next,
             Err(_) => Step::Lost,
         },
-    }
-}
-
-/// Where an answer's body goes: the reader of the answer (gzip-compressed if
-/// asked), or nowhere once that reader is gone (or never wanted it).
-struct Sink {
-    tx: Option<mpsc::Sender<io::Result<Bytes>>>,
-    gzip: Option<Gzip>,
-}
-
-impl Sink {
-    async fn push(&mut self, chunk: Bytes) {
-        let Some(tx) = &self.tx else { return };
-        let chunk = match self.gzip.as_mut() {
-            Some(gz) => gz.push(&chunk),
-            None => chunk,
-        };
-        if !chunk.is_empty() && tx.send(Ok(chunk)).await.is_err() {
-            self.tx = None;
-        }
-    }
-
-    async fn finish(mut self) {
-        if let (Some(tx), Some(gz)) = (self.tx.take(), self.gzip.take()) {
-            match gz.finish() {
-                Ok(tail) => {
-                    let _ = tx.send(Ok(tail)).await;
-                }
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                }
-            }
-        }
-    }
-
-    async fn fail(mut self, e: io::Error) {
-        if let Some(tx) = self.tx.take() {
-            let _ = tx.send(Err(e)).await;
-        }
-    }
-
-    /// Reads `len` bytes of body off the worker's socket: always all of them,
-    /// so the stream stays in step.
-    async fn socket(mut self, rd: &mut BufReader<OwnedReadHalf>, len: u64) -> io::Result<()> {
-        let mut left = len;
-        while left > 0 {
-            let n = left.min(CHUNK as u64) as usize;
-            let mut buf = vec![0u8; n];
-            let got = match rd.read(&mut buf).await {
-                Ok(0) => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the worker closed mid-answer")),
-                Ok(got) => Ok(got),
-                Err(e) => Err(e),
-            };
-            match got {
-                Ok(got) => {
-                    buf.truncate(got);
-                    left -= got as u64;
-                    self.push(Bytes::from(buf)).await;
-                }
-                Err(e) => {
-                    let copy = io::Error::new(e.kind(), e.to_string());
-                    self.fail(copy).await;
-                    return Err(e);
-                }
-            }
-        }
-        self.finish().await;
-        Ok(())
-    }
-
-    /// Streams a file the app named, off the async threads; deletes it
-    /// afterwards if the app handed it over.
-    async fn file(mut self, mut f: AnswerFile) {
-        let Some(file) = f.file.take() else { return };
-        let file = Arc::new(file);
-        let mut offset = 0u64;
-        while self.tx.is_some() {
-            let file = file.clone();
-            let read = tokio::task::spawn_blocking(move || {
-                use std::os::unix::fs::FileExt;
-                let mut buf = vec![0u8; CHUNK];
-                let n = file.read_at(&mut buf, offset)?;
-                buf.truncate(n);
-                Ok::<_, io::Error>(buf)
-            })
-            .await
-            .map_err(io::Error::other)
-            .and_then(|r| r);
-            match read {
-                Ok(buf) if buf.is_empty() => break,
-                Ok(buf) => {
-                    offset += buf.len() as u64;
-                    self.push(Bytes::from(buf)).await;
-                }
-                Err(e) => return self.fail(e).await,
-            }
-        }
-        self.finish().await;
-    }
-}
-
-/// A file an answer named; deleted when dropped if the app handed it over
-/// (httpuv's `owned = TRUE`).
-struct AnswerFile {
-    file: Option<std::fs::File>,
-    path: PathBuf,
-    owned: bool,
-}
-
-impl Drop for AnswerFile {
-    fn drop(&mut self) {
-        if self.owned {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-}
-
-/// gzip (zlib's default level) of a body that arrives in pieces.
-struct Gzip(GzEncoder<Vec<u8>>);
-
-impl Gzip {
-    fn new() -> Gzip {
-        Gzip(GzEncoder::new(Vec::new(), flate2::Compression::default()))
-    }
-
-    fn push(&mut self, chunk: &[u8]) -> Bytes {
-        // Writing into a Vec cannot fail.
-        let _ = self.0.write_all(chunk);
-        Bytes::from(std::mem::take(self.0.get_mut()))
-    }
-
-    fn finish(self) -> io::Result<Bytes> {
-        self.0.finish().map(Bytes::from)
     }
 }

@@ -18,6 +18,8 @@
 //!   client left is still read to its end, so the stream stays in step; R
 //!   reads a ping only while it computes nothing, so a pong says R is free
 //!   (what an abandoned lease waits for).
+//! - `sink`: an answer's body on its way to its reader (gzip if asked), or
+//!   read to its end for nobody; the files an answer names.
 //! - `FrameConnector`: the worker's `Connect`: waits for its hello, checks the
 //!   pid, and hands out handles to its one link.
 
@@ -25,6 +27,7 @@ pub mod answer;
 pub mod head;
 pub mod hub;
 pub mod link;
+mod sink;
 
 #[cfg(test)]
 mod tests;
