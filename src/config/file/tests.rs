@@ -34,6 +34,7 @@ path = "/sales/"
 file = "sales/plumber.R"
 n_min = 1
 n_max = 4
+max_pending = 3
 env = { DB = "x" }
 
 [[app]]
@@ -53,6 +54,7 @@ fn a_config_file_of_two_apps() {
     let sales = &c.apps[0];
     assert_eq!((sales.name.as_str(), sales.prefix.as_str(), sales.n_min, sales.n_max), ("sales", "/sales", 1, 4));
     assert_eq!(sales.env, vec![("DB".to_string(), "x".to_string())]);
+    assert_eq!((sales.max_pending, c.apps[1].max_pending), (3, 16), "an app's max_pending, else the default");
     assert_eq!(sales.max_age, Duration::from_secs(60), "top-level defaults apply");
     assert!(matches!(sales.source, AppSource::PlumberFile(_)));
     let explorer = &c.apps[1];
