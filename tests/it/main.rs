@@ -3,6 +3,7 @@
 mod admin;
 mod apps;
 mod asyncness;
+mod cut;
 mod deps;
 mod fidelity;
 mod guard;
