@@ -32,15 +32,16 @@ pub enum Returned {
     Broken(Retire),
     /// Its client left while R worked on the request: it is busy until R is done.
     Abandoned(Option<Arc<dyn Connect>>),
+    /// R left the request waiting on a promise: the worker is free to
+    /// compute another, and holds this one until it settles.
+    Parked,
+    /// A request the worker held waiting on a promise is over.
+    Settled,
 }
 
 /// Where a lease's worker goes back to.
 pub trait Home: Send + Sync {
     fn give_back(&self, worker: WorkerId, returned: Returned);
-    /// R left the lease's request waiting on a promise: the worker is free to compute another.
-    fn parked(&self, worker: WorkerId);
-    /// A request the worker held waiting on a promise is over.
-    fn settled(&self, worker: WorkerId);
 }
 
 /// Where a sent request stands, between the link (which learns R parked it)
@@ -72,13 +73,13 @@ impl Parking for Parker {
     fn parked(&self) -> bool {
         let won = self.state.compare_exchange(COMPUTING, PARKED, Ordering::AcqRel, Ordering::Acquire).is_ok();
         if won {
-            self.home.parked(self.worker);
+            self.home.give_back(self.worker, Returned::Parked);
         }
         won
     }
 
     fn settled(&self) {
-        self.home.settled(self.worker);
+        self.home.give_back(self.worker, Returned::Settled);
     }
 }
 

@@ -9,9 +9,10 @@
 //! 3. a worker: a `Lease` for plumber (one R computation at a time), the
 //!    sticky worker for Shiny;
 //! 4. the exchange, under `--request-timeout` (a worker past it is killed:
-//!    504; a request only waiting on a promise gets 504 alone), with one retry rule: a request that never reached a worker goes
-//!    to another; a bodyless GET, HEAD or OPTIONS whose worker died under it
-//!    is sent once more, unless the worker ended itself (`quit()`, a crash):
+//!    504; a request only waiting on a promise gets 504 alone), with one
+//!    retry rule: a request that never reached a worker goes to another; a
+//!    bodyless GET, HEAD or OPTIONS whose worker died under it is sent once
+//!    more, unless the worker ended itself (`quit()`, a crash):
 //!    then the request is the cause and a second worker would die the same way;
 //! 5. the answer: a plumber worker's is read whole at the worker's speed, so
 //!    the worker goes back before the client has read a byte; a Shiny worker's

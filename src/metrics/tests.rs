@@ -1,4 +1,5 @@
 //! The registry's text and the dashboard's history, from known traffic.
+
 use super::*;
 
 #[test]

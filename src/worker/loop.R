@@ -70,9 +70,7 @@
 }
 
 # WAITING: request `id` waits on a promise; the worker takes another meanwhile.
-.valve_waiting_frame <- function(id) {
-  c(as.raw(c(.valve_frame$WAITING, 0L, id %/% 256L, id %% 256L)), as.raw(integer(12L)))
-}
+.valve_waiting_frame <- function(id) .valve_with_id(.valve_head_frame(.valve_frame$WAITING, raw(0)), id)
 
 # ---------------------------------------------------------------------------
 # Binary I/O

@@ -91,8 +91,7 @@ impl<W> Pool<W> {
             State::Waiting => self.free(id, waiting),
             State::Draining if slot.parked == 0 && slot.sessions == 0 && slot.pending.is_empty() => {
                 let reason = slot.retired.unwrap_or(Retire::Requests);
-                slot.state = State::Stopping;
-                Release::Retire(reason)
+                Self::stop_when_settled(slot, reason)
             }
             _ => Release::Gone,
         }

@@ -245,6 +245,17 @@ impl Home for Supervisor {
                     }
                     this.feed(app, Event::Completed(worker), &mut after);
                 }
+                Returned::Parked => {
+                    if let Some(live) = app.live.get(&worker) {
+                        live.used.notify_one();
+                    }
+                    this.feed(app, Event::Parked(worker), &mut after);
+                    self.count_pending(app, worker);
+                }
+                Returned::Settled => {
+                    this.feed(app, Event::Settled(worker), &mut after);
+                    self.count_pending(app, worker);
+                }
                 Returned::Broken(reason) => {
                     this.feed(app, Event::Retire(worker, reason), &mut after);
                     self.fleet.grow(&mut f, self.key, now(), &mut after);
@@ -260,33 +271,13 @@ impl Home for Supervisor {
         }
         after.run();
     }
-
-    fn parked(&self, worker: WorkerId) {
-        self.feed_one(worker, Event::Parked(worker), true);
-    }
-
-    fn settled(&self, worker: WorkerId) {
-        self.feed_one(worker, Event::Settled(worker), false);
-    }
 }
 
 impl Supervisor {
-    /// Feeds one event about `worker` to its app's pool (`used`: R just ran
-    /// a request, so its memory is worth a look) and carries the effects out.
-    fn feed_one(&self, worker: WorkerId, event: Event, used: bool) {
-        let mut after = After::default();
-        {
-            let mut f = self.fleet.lock();
-            let Some(app) = f.apps.get_mut(&self.key) else { return };
-            let Some(this) = app.sup.upgrade() else { return };
-            if let (true, Some(live)) = (used, app.live.get(&worker)) {
-                live.used.notify_one();
-            }
-            this.feed(app, event, &mut after);
-            if let Some(slot) = app.pool.slot(worker) {
-                self.metrics.worker_pending(worker, slot.parked);
-            }
+    /// The worker's requests waiting on promises, as metrics show them.
+    fn count_pending(&self, app: &AppState, worker: WorkerId) {
+        if let Some(slot) = app.pool.slot(worker) {
+            self.metrics.worker_pending(worker, slot.parked);
         }
-        after.run();
     }
 }

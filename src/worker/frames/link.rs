@@ -79,12 +79,19 @@ struct Entry {
 }
 
 impl Entry {
+    /// Who counted the request parked, to be told it is over (once).
+    fn settler(&mut self) -> Option<Arc<dyn Parking>> {
+        if self.parked {
+            self.park.take()
+        } else {
+            None
+        }
+    }
+
     /// The request is over for whoever counted it parked.
     fn settle(&mut self) {
-        if self.parked {
-            if let Some(park) = self.park.take() {
-                park.settled();
-            }
+        if let Some(park) = self.settler() {
+            park.settled();
         }
     }
 }
@@ -120,13 +127,14 @@ struct GiveUp<'a> {
 
 impl Drop for GiveUp<'_> {
     fn drop(&mut self) {
-        let entry = {
+        let settler = {
             let mut t = self.table.lock();
             let Some(entry) = t.requests.get_mut(&self.id) else { return };
             entry.reply = None;
-            entry.parked.then(|| entry.park.take()).flatten()
+            entry.settler()
         };
-        if let Some(park) = entry {
+        // Told outside the table's lock, as everywhere.
+        if let Some(park) = settler {
             park.settled();
         }
     }
