@@ -15,6 +15,9 @@ use http::Method;
 
 use crate::worker::WorkerId;
 
+mod shiny;
+pub use shiny::{Reconnects, SessionEnd};
+
 /// Histogram bucket bounds in seconds (Prometheus `le`).
 const BUCKETS: [f64; 17] =
     [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
@@ -236,6 +239,8 @@ pub struct AppMetrics {
     exits: [AtomicU64; ExitReason::ALL.len()],
     rejected: [AtomicU64; Rejection::ALL.len()],
     sessions_opened: AtomicU64,
+    /// Resumable Shiny sessions (issue 29).
+    pub reconnects: Reconnects,
     memory: Mutex<BTreeMap<WorkerId, u64>>,
     /// Requests each worker holds waiting on promises (workers that ever held one).
     pending: Mutex<BTreeMap<WorkerId, usize>>,
@@ -257,6 +262,7 @@ impl AppMetrics {
             exits: Default::default(),
             rejected: Default::default(),
             sessions_opened: AtomicU64::new(0),
+            reconnects: Reconnects::new(),
             memory: Mutex::new(BTreeMap::new()),
             pending: Mutex::new(BTreeMap::new()),
             history: Mutex::new(History {
@@ -452,6 +458,7 @@ impl Registry {
                 a.sessions_opened.load(Relaxed)
             );
         }
+        shiny::render(&mut out, &apps);
         header(
             &mut out,
             "valve_worker_memory_bytes",
