@@ -54,6 +54,8 @@ impl Admin {
             "graceful_timeout_s": secs(s.graceful_timeout),
             "drain_delay_s": secs(s.drain_delay),
             "check_unused_s": secs(s.check_unused),
+            "shiny_session_buffer": s.shiny_session_buffer,
+            "shiny_buffer_total": s.shiny_buffer_total,
             // The first app's settings, as with one app (-f).
             "app": first.map(|a| a.source.path()),
             "n_min": first.map(|a| a.n_min),
@@ -68,6 +70,7 @@ impl Admin {
             "max_worker_memory": first.and_then(|a| a.max_worker_memory),
             "max_sessions": first.map(|a| a.max_sessions),
             "busy_threshold": first.map(|a| a.busy_threshold),
+            "reconnect_window_s": first.map(|a| secs(a.reconnect_window)),
         });
         Arc::new(Admin {
             router,
@@ -213,6 +216,7 @@ impl Admin {
                     "max_worker_memory": c.max_worker_memory,
                     "max_sessions": c.max_sessions,
                     "max_pending": c.max_pending,
+                    "reconnect_window_s": c.reconnect_window.as_secs_f64(),
                 },
             }));
         }

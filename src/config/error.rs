@@ -34,6 +34,58 @@ pub enum ConfigError {
     MinAboveBudget { n_min: usize, max: usize },
     #[error("use one of -f/--file, --config and --site, not several")]
     Several,
+    #[error("{flag} {value:?} is out of range: use {range}")]
+    OutOfRange { flag: &'static str, value: String, range: &'static str },
+    #[error("--shiny-buffer-total {total} is below --shiny-session-buffer {session}: the total must hold at least one session's buffer (raise --shiny-buffer-total or lower --shiny-session-buffer)")]
+    BufferTotalBelowSession { total: String, session: String },
+}
+
+/// `--shiny-reconnect-window`: the longest (a day).
+pub(super) const MAX_RECONNECT_WINDOW: Duration = Duration::from_secs(86_400);
+
+/// `--shiny-session-buffer`: the least.
+pub(super) const MIN_SESSION_BUFFER: u64 = 64 << 10;
+
+/// The range `--shiny-reconnect-window` allows, in messages.
+pub(super) const RECONNECT_RANGE: &str = "0 to 86400 seconds (a day; 0 turns same-session reconnect off)";
+
+/// The range `--shiny-session-buffer` allows, in messages.
+pub(super) const SESSION_BUFFER_RANGE: &str = "64KiB or more (such as 16MiB)";
+
+/// `--shiny-reconnect-window`: seconds, 0 (off) to a day.
+pub(super) fn parse_reconnect_window(flag: &'static str, value: &str) -> Result<Duration, ConfigError> {
+    let d = parse_seconds(flag, value, true)?;
+    if d > MAX_RECONNECT_WINDOW {
+        return Err(ConfigError::OutOfRange { flag, value: value.to_string(), range: RECONNECT_RANGE });
+    }
+    Ok(d)
+}
+
+/// `--shiny-session-buffer`: a size of at least 64KiB.
+pub(super) fn parse_session_buffer(flag: &'static str, value: &str) -> Result<u64, ConfigError> {
+    let n = parse_size(flag, value)?;
+    if n < MIN_SESSION_BUFFER {
+        return Err(ConfigError::OutOfRange { flag, value: value.to_string(), range: SESSION_BUFFER_RANGE });
+    }
+    Ok(n)
+}
+
+/// `--shiny-buffer-total` must hold at least one session's buffer.
+pub(super) fn check_buffer_total(session: u64, total: u64) -> Result<(), ConfigError> {
+    if total < session {
+        return Err(ConfigError::BufferTotalBelowSession { total: show_size(total), session: show_size(session) });
+    }
+    Ok(())
+}
+
+/// Bytes as people write them: `16MiB`, `64KiB`, else `1000 bytes`.
+pub(super) fn show_size(bytes: u64) -> String {
+    for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes} bytes")
 }
 
 /// Parses `512KB`, `10MB`, `1GB`, `1.5GB`, `2048` (bytes). Units are powers of
@@ -93,5 +145,22 @@ mod tests {
         assert_eq!(parse_seconds("--x", "0", true).unwrap(), Duration::ZERO);
         assert!(parse_seconds("--x", "-1", true).is_err());
         assert!(parse_seconds("--x", "soon", true).unwrap_err().to_string().contains("--x \"soon\""));
+    }
+
+    #[test]
+    fn shiny_buffers_and_window_have_bounds() {
+        assert_eq!(parse_reconnect_window("--w", "86400").unwrap(), MAX_RECONNECT_WINDOW);
+        assert_eq!(parse_reconnect_window("--w", "0").unwrap(), Duration::ZERO);
+        let err = parse_reconnect_window("--w", "86401").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "--w \"86401\" is out of range: use 0 to 86400 seconds (a day; 0 turns same-session reconnect off)"
+        );
+        assert_eq!(parse_session_buffer("--b", "64KiB").unwrap(), 64 << 10);
+        assert!(parse_session_buffer("--b", "63KiB").unwrap_err().to_string().contains("64KiB or more"));
+        assert!(check_buffer_total(1 << 20, 1 << 20).is_ok());
+        let err = check_buffer_total(16 << 20, 1000).unwrap_err().to_string();
+        assert!(err.starts_with("--shiny-buffer-total 1000 bytes is below --shiny-session-buffer 16MiB"), "{err}");
+        assert_eq!((show_size(256 << 20), show_size(3 << 9)), ("256MiB".to_string(), "1536 bytes".to_string()));
     }
 }

@@ -14,7 +14,10 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::discover;
-use super::error::{parse_seconds, parse_size};
+use super::error::{
+    parse_reconnect_window, parse_seconds, parse_session_buffer, parse_size, show_size, ConfigError,
+    MAX_RECONNECT_WINDOW, MIN_SESSION_BUFFER, RECONNECT_RANGE, SESSION_BUFFER_RANGE,
+};
 use super::flags::Args;
 use super::keys::{edit_distance, flag_name, APP_KEYS, APP_ONLY, SERVER_KEYS};
 use super::model::{self, normal_prefix, valid_name, AppConfig, Config, Server};
@@ -193,6 +196,7 @@ impl<'a> Cx<'a> {
             let v = self.pick("log_format", None).map(|v| v.span()).unwrap_or(0..0);
             self.at(v, format!("log_format = {log_format:?}: use \"text\" or \"json\""));
         }
+        let (shiny_session_buffer, shiny_buffer_total) = self.shiny_buffers();
         Some(Server {
             host,
             port,
@@ -207,7 +211,51 @@ impl<'a> Cx<'a> {
             log_json: log_format == "json",
             max_workers,
             worker_transport: model::transport(&transport),
+            shiny_session_buffer: shiny_session_buffer?,
+            shiny_buffer_total: shiny_buffer_total?,
         })
+    }
+
+    /// `shiny_session_buffer` (at least 64KiB) and `shiny_buffer_total` (at
+    /// least the session buffer): the file's keys, else the flags.
+    fn shiny_buffers(&mut self) -> (Option<u64>, Option<u64>) {
+        let a = self.args;
+        let session = match self.pick("shiny_session_buffer", None) {
+            Some(v) => self.size("shiny_session_buffer", v).and_then(|n| {
+                if n >= MIN_SESSION_BUFFER {
+                    return Some(n);
+                }
+                let message =
+                    format!("shiny_session_buffer = {}: out of range: use {SESSION_BUFFER_RANGE}", v.get_ref());
+                self.at(v.span(), message);
+                None
+            }),
+            None => self.flag_result(parse_session_buffer("--shiny-session-buffer", &a.shiny_session_buffer)),
+        };
+        let total = match self.pick("shiny_buffer_total", None) {
+            Some(v) => self.size("shiny_buffer_total", v),
+            None => self.flag_size("--shiny-buffer-total", &a.shiny_buffer_total),
+        };
+        if let (Some(s), Some(t)) = (session, total) {
+            if t < s {
+                let place = self.pick("shiny_buffer_total", None).or(self.pick("shiny_session_buffer", None));
+                match place.map(|v| v.span()) {
+                    Some(span) => self.at(
+                        span,
+                        format!(
+                            "shiny_buffer_total ({}) is below shiny_session_buffer ({}): the total must hold at least one session's buffer (raise shiny_buffer_total or lower shiny_session_buffer)",
+                            show_size(t),
+                            show_size(s)
+                        ),
+                    ),
+                    None => self.nowhere(
+                        ConfigError::BufferTotalBelowSession { total: show_size(t), session: show_size(s) }.to_string(),
+                    ),
+                }
+                return (session, None);
+            }
+        }
+        (session, total)
     }
 
     fn app(&mut self, i: usize, app: &Spanned<Table>, base: &Path, count: usize) -> Option<AppConfig> {
@@ -308,6 +356,7 @@ impl<'a> Cx<'a> {
         let max_age = self.seconds("max_age", t, &a.max_age, true);
         let queue_timeout = self.seconds("queue_timeout", t, &a.queue_timeout, false);
         let start_timeout = self.seconds("start_timeout", t, &a.start_timeout, false);
+        let reconnect_window = self.reconnect_window(t);
         Some(AppConfig {
             name: name?,
             prefix: prefix?,
@@ -325,6 +374,7 @@ impl<'a> Cx<'a> {
             max_sessions: max_sessions?,
             max_pending: max_pending?,
             busy_threshold: busy_threshold?,
+            reconnect_window: reconnect_window?,
             r_bin: r_bin?,
             start_timeout: start_timeout?,
             env: env?,
@@ -359,6 +409,28 @@ impl<'a> Cx<'a> {
                 None
             }
         }
+    }
+
+    /// `reconnect_window`: seconds, 0 (off) to a day.
+    fn reconnect_window(&mut self, app: Option<&Table>) -> Option<Duration> {
+        let key = "reconnect_window";
+        let flag = &self.args.reconnect_window;
+        let d = self.seconds(key, app, flag, true)?;
+        if d <= MAX_RECONNECT_WINDOW {
+            return Some(d);
+        }
+        match self.pick(key, app) {
+            Some(v) => self.at(v.span(), format!("{key} = {}: out of range: use {RECONNECT_RANGE}", v.get_ref())),
+            None => {
+                self.flag_result(parse_reconnect_window(flag_name(key), flag));
+            }
+        }
+        None
+    }
+
+    /// A flag's value, or its error noted (it has no place in the file).
+    fn flag_result<T>(&mut self, r: Result<T, ConfigError>) -> Option<T> {
+        r.map_err(|e| self.nowhere(e.to_string())).ok()
     }
 
     fn size(&mut self, key: &str, v: &Val) -> Option<u64> {

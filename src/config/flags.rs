@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use clap::{CommandFactory, FromArgMatches, Parser};
 
 use super::discover::{self, AppSource};
-use super::error::{parse_seconds, parse_size, ConfigError};
+use super::error::{
+    check_buffer_total, parse_reconnect_window, parse_seconds, parse_session_buffer, parse_size, ConfigError,
+};
 use super::model::{admin_addr, transport, AppConfig, Config, Server};
 use super::site;
 
@@ -170,6 +172,36 @@ pub struct Args {
           value_parser = clap::value_parser!(u8).range(0..=100), value_name = "PERCENT")]
     pub busy_threshold: u8,
 
+    /// Shiny: how long valve keeps a session whose browser's connection dropped, so the browser
+    /// can come back to the same session (R state and all); 0 turns this off (a dropped connection
+    /// ends the session, as in plain Shiny).
+    #[arg(
+        long = "shiny-reconnect-window",
+        env = "VALVE_SHINY_RECONNECT_WINDOW",
+        default_value = "120",
+        value_name = "SECONDS"
+    )]
+    pub reconnect_window: String,
+
+    /// Shiny: the most bytes valve holds for one session's browser (messages sent, not yet
+    /// acknowledged), e.g. 16MiB; at least 64KiB.
+    #[arg(
+        long = "shiny-session-buffer",
+        env = "VALVE_SHINY_SESSION_BUFFER",
+        default_value = "16MiB",
+        value_name = "SIZE"
+    )]
+    pub shiny_session_buffer: String,
+
+    /// Shiny: the most bytes valve holds for all sessions together; at least --shiny-session-buffer.
+    #[arg(
+        long = "shiny-buffer-total",
+        env = "VALVE_SHINY_BUFFER_TOTAL",
+        default_value = "256MiB",
+        value_name = "SIZE"
+    )]
+    pub shiny_buffer_total: String,
+
     /// Seconds a client gets to send a request's headers before it is cut off.
     #[arg(long = "header-timeout", env = "VALVE_HEADER_TIMEOUT", default_value = "30", value_name = "SECONDS")]
     pub header_timeout: String,
@@ -299,6 +331,7 @@ impl Args {
             max_sessions: self.max_sessions,
             max_pending: usize::from(self.max_pending),
             busy_threshold: f64::from(self.busy_threshold) / 100.0,
+            reconnect_window: parse_reconnect_window("--shiny-reconnect-window", &self.reconnect_window)?,
             r_bin: self.r_bin.clone(),
             start_timeout: parse_seconds("--start-timeout", &self.start_timeout, false)?,
             env: Vec::new(),
@@ -310,6 +343,9 @@ impl Args {
         if max_workers == 0 {
             return Err(ConfigError::ZeroMax);
         }
+        let shiny_session_buffer = parse_session_buffer("--shiny-session-buffer", &self.shiny_session_buffer)?;
+        let shiny_buffer_total = parse_size("--shiny-buffer-total", &self.shiny_buffer_total)?;
+        check_buffer_total(shiny_session_buffer, shiny_buffer_total)?;
         Ok(Server {
             host: self.host.clone(),
             port: self.port,
@@ -324,6 +360,8 @@ impl Args {
             log_json: self.log_format == "json",
             max_workers,
             worker_transport: transport(&self.worker_transport),
+            shiny_session_buffer,
+            shiny_buffer_total,
         })
     }
 }
@@ -390,6 +428,74 @@ mod tests {
         assert!(err.to_string().contains("--max-age \"soon\""));
         let c = args(&["-f", &f, "--check-unused", "0.5"]).single().unwrap();
         assert_eq!(c.server.check_unused, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn shiny_reconnect_and_buffers_default_and_take_flags() {
+        let (_dir, f) = api();
+        let c = args(&["-f", &f]).single().unwrap();
+        assert_eq!(c.apps[0].reconnect_window, Duration::from_secs(120));
+        assert_eq!((c.server.shiny_session_buffer, c.server.shiny_buffer_total), (16 << 20, 256 << 20));
+        let given = ["-f", &f, "--shiny-reconnect-window", "30.5", "--shiny-session-buffer", "64KiB"];
+        let c = args(&[&given[..], &["--shiny-buffer-total", "1MB"]].concat()).single().unwrap();
+        assert_eq!(c.apps[0].reconnect_window, Duration::from_millis(30_500));
+        assert_eq!((c.server.shiny_session_buffer, c.server.shiny_buffer_total), (64 << 10, 1 << 20));
+        let c = args(&["-f", &f, "--shiny-reconnect-window", "0"]).single().unwrap();
+        assert_eq!(c.apps[0].reconnect_window, Duration::ZERO, "0 turns same-session reconnect off");
+    }
+
+    #[test]
+    fn shiny_reconnect_and_buffers_refuse_what_is_out_of_range() {
+        let (_dir, f) = api();
+        let refused = |extra: &[&str]| args(&[&["-f", f.as_str()], extra].concat()).single().unwrap_err().to_string();
+        assert_eq!(
+            refused(&["--shiny-reconnect-window", "86401"]),
+            "--shiny-reconnect-window \"86401\" is out of range: use 0 to 86400 seconds (a day; 0 turns same-session reconnect off)"
+        );
+        assert!(args(&["-f", &f, "--shiny-reconnect-window", "86400"]).single().is_ok());
+        let e = refused(&["--shiny-reconnect-window", "2m"]);
+        assert!(e.starts_with("--shiny-reconnect-window \"2m\" is not a number of seconds"), "{e}");
+        let e = refused(&["--shiny-session-buffer", "32KiB"]);
+        assert_eq!(e, "--shiny-session-buffer \"32KiB\" is out of range: use 64KiB or more (such as 16MiB)");
+        let e = refused(&["--shiny-session-buffer", "16XB"]);
+        assert!(e.starts_with("--shiny-session-buffer \"16XB\" is not a size"), "{e}");
+        let e = refused(&["--shiny-buffer-total", "lots"]);
+        assert!(e.starts_with("--shiny-buffer-total \"lots\" is not a size"), "{e}");
+        let e = refused(&["--shiny-session-buffer", "32MiB", "--shiny-buffer-total", "16MiB"]);
+        assert!(e.starts_with("--shiny-buffer-total 16MiB is below --shiny-session-buffer 32MiB:"), "{e}");
+        assert!(e.contains("raise --shiny-buffer-total or lower --shiny-session-buffer"), "{e}");
+    }
+
+    /// The variables are process-wide and other tests parse flags meanwhile:
+    /// the test binary runs `shiny_settings_from_variables` again, alone, in a
+    /// child process with them set.
+    #[test]
+    fn variables_set_the_shiny_settings() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["config::flags::tests::shiny_settings_from_variables", "--exact", "--include-ignored"])
+            .env("VALVE_SHINY_RECONNECT_WINDOW", "45")
+            .env("VALVE_SHINY_SESSION_BUFFER", "2MiB")
+            .env("VALVE_SHINY_BUFFER_TOTAL", "64MiB")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    #[test]
+    #[ignore = "run by variables_set_the_shiny_settings, with the variables set"]
+    fn shiny_settings_from_variables() {
+        if std::env::var_os("VALVE_SHINY_RECONNECT_WINDOW").is_none() {
+            return;
+        }
+        let (_dir, f) = api();
+        let c = args(&["-f", &f]).single().unwrap();
+        assert_eq!(c.apps[0].reconnect_window, Duration::from_secs(45));
+        assert_eq!((c.server.shiny_session_buffer, c.server.shiny_buffer_total), (2 << 20, 64 << 20));
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub(super) const APP_KEYS: &[&str] = &[
     "max_sessions",
     "max_pending",
     "busy_threshold",
+    "reconnect_window",
     "r_bin",
     "start_timeout",
     "env",
@@ -40,6 +41,8 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "no_access_log",
     "log_format",
     "worker_transport",
+    "shiny_session_buffer",
+    "shiny_buffer_total",
 ];
 
 /// The flag a key stands for, for messages about flag values.
@@ -55,6 +58,9 @@ pub(super) fn flag_name(key: &str) -> &'static str {
         "check_unused" => "--check-unused",
         "max_body_size" => "--max-body-size",
         "max_worker_memory" => "--max-worker-memory",
+        "reconnect_window" => "--shiny-reconnect-window",
+        "shiny_session_buffer" => "--shiny-session-buffer",
+        "shiny_buffer_total" => "--shiny-buffer-total",
         _ => "a setting",
     }
 }

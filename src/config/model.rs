@@ -54,6 +54,12 @@ pub struct Server {
     pub max_workers: usize,
     /// How plumber workers are reached (Shiny workers always use httpuv).
     pub worker_transport: Transport,
+    /// Shiny: the most bytes held for one session's browser (messages sent,
+    /// not yet acknowledged). At least 64KiB.
+    pub shiny_session_buffer: u64,
+    /// Shiny: the most bytes held for all sessions together. At least
+    /// `shiny_session_buffer`.
+    pub shiny_buffer_total: u64,
 }
 
 /// How valve reaches a plumber worker.
@@ -94,6 +100,9 @@ pub struct AppConfig {
     pub max_pending: usize,
     /// Shiny: the share of a CPU that makes a worker busy for placement (0: never).
     pub busy_threshold: f64,
+    /// Shiny: how long a session whose browser's connection dropped is kept
+    /// for the browser to come back to (`Duration::ZERO`: off). At most a day.
+    pub reconnect_window: Duration,
     pub r_bin: PathBuf,
     pub start_timeout: Duration,
     /// Extra environment variables for the app's workers.

@@ -137,3 +137,65 @@ fn prefixes_are_normalised_or_refused() {
     assert!(normal_prefix("/__valve__/x").is_err());
     assert!(normal_prefix("/a/../b").is_err());
 }
+
+#[test]
+fn shiny_reconnect_and_buffers_default_then_keys_then_flags() {
+    let (_d, path) = site_with(GOOD);
+    let c = load(&path, &args(&[])).unwrap();
+    assert_eq!(c.apps[1].reconnect_window, Duration::from_secs(120), "the default");
+    assert_eq!((c.server.shiny_session_buffer, c.server.shiny_buffer_total), (16 << 20, 256 << 20));
+    let with_keys = GOOD
+        .replace(
+            "max_age = 60\n",
+            "max_age = 60\nreconnect_window = 300\nshiny_session_buffer = \"1MiB\"\nshiny_buffer_total = 8388608\n",
+        )
+        .replace("max_sessions = 10\n", "max_sessions = 10\nreconnect_window = 0\n");
+    let (_d, path) = site_with(&with_keys);
+    let c = load(&path, &args(&[])).unwrap();
+    assert_eq!(c.apps[0].reconnect_window, Duration::from_secs(300), "the top level");
+    assert_eq!(c.apps[1].reconnect_window, Duration::ZERO, "the app's own key; 0 turns reconnect off");
+    assert_eq!((c.server.shiny_session_buffer, c.server.shiny_buffer_total), (1 << 20, 8 << 20));
+    let mut a = args(&["--shiny-reconnect-window", "30", "--shiny-buffer-total", "2MiB"]);
+    a.explicit = ["reconnect_window", "shiny_buffer_total"].iter().map(|s| s.to_string()).collect();
+    let c = load(&path, &a).unwrap();
+    assert_eq!(c.apps[0].reconnect_window, Duration::from_secs(30), "a flag over the top level");
+    assert_eq!(c.apps[1].reconnect_window, Duration::ZERO, "the app's own key over the flag");
+    assert_eq!((c.server.shiny_session_buffer, c.server.shiny_buffer_total), (1 << 20, 2 << 20));
+}
+
+#[test]
+fn shiny_reconnect_and_buffers_out_of_range_are_listed_with_their_lines() {
+    let (_d, path) = site_with(
+        r#"reconnect_window = 86401
+shiny_session_buffer = "32KiB"
+shiny_buffer_total = "10XB"
+
+[[app]]
+file = "explorer"
+reconnect_window = "2m"
+
+[[app]]
+file = "sales"
+"#,
+    );
+    let text = load(&path, &args(&[])).unwrap_err().to_string();
+    assert!(
+        text.contains(":1:20: reconnect_window = 86401: out of range: use 0 to 86400 seconds (a day; 0 turns same-session reconnect off)"),
+        "{text}"
+    );
+    assert!(text.contains(":2:24: shiny_session_buffer = \"32KiB\": out of range: use 64KiB or more"), "{text}");
+    assert!(text.contains(":3:22: shiny_buffer_total = \"10XB\": not a size"), "{text}");
+    assert!(text.contains(":7:20: reconnect_window = \"2m\": not a number of seconds"), "{text}");
+}
+
+#[test]
+fn the_shiny_buffer_total_holds_at_least_one_sessions_buffer() {
+    let (_d, path) =
+        site_with("shiny_session_buffer = \"32MiB\"\nshiny_buffer_total = \"16MiB\"\n[[app]]\nfile = \"explorer\"\n");
+    let text = load(&path, &args(&[])).unwrap_err().to_string();
+    assert!(text.contains(":2:22: shiny_buffer_total (16MiB) is below shiny_session_buffer (32MiB)"), "{text}");
+    assert!(text.contains("raise shiny_buffer_total or lower shiny_session_buffer"), "{text}");
+    let (_d, path) = site_with("shiny_session_buffer = \"512MiB\"\n[[app]]\nfile = \"explorer\"\n");
+    let text = load(&path, &args(&[])).unwrap_err().to_string();
+    assert!(text.contains(":1:24: shiny_buffer_total (256MiB) is below shiny_session_buffer (512MiB)"), "{text}");
+}
