@@ -139,7 +139,14 @@ pub async fn run(
     };
     let front = Front::new(
         router.clone(),
-        Forwarder::new(run_dir.path().to_path_buf(), CLIENT_TIMEOUT),
+        Forwarder::new(
+            run_dir.path().to_path_buf(),
+            CLIENT_TIMEOUT,
+            http::resume::Bounds {
+                session: config.server.shiny_session_buffer as usize,
+                total: config.server.shiny_buffer_total as usize,
+            },
+        ),
         admin.clone(),
         config.server.admin_on_main,
         shutdown.signalled.clone(),

@@ -17,7 +17,9 @@
 //! 5. the answer: a plumber worker's is read whole at the worker's speed, so
 //!    the worker goes back before the client has read a byte; a Shiny worker's
 //!    is streamed (a download may be long, and Shiny workers are not leased);
-//!    a WebSocket is spliced both ways.
+//!    a WebSocket is spliced both ways, or, when valve's reconnect script
+//!    opened it, becomes a session that outlives its connection
+//!    (`http::resume`), and a Shiny page gets that script's tag.
 
 use std::hash::BuildHasher;
 use std::net::SocketAddr;
@@ -29,6 +31,7 @@ use std::time::Duration;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +43,7 @@ use super::head::{
     worker_head, Head, STICKY_COOKIE,
 };
 use super::reply::{error, redirect, ReplyBody};
+use super::resume::{self, Offer, Resumes};
 use super::router::Mounted;
 use crate::app::verdict::{after_exchange, Asked, Fate, Hold, Next, Outcome};
 use crate::app::{Lease, Sticky, Supervisor, Unavailable, WorkerId};
@@ -82,6 +86,8 @@ pub struct Forwarder {
     pub sessions: TaskTracker,
     /// Fired when the drain gives up on open sessions.
     pub close_sessions: CancellationToken,
+    /// Shiny sessions that outlive their connections.
+    pub resumes: Arc<Resumes>,
 }
 
 /// A worker's answer: read whole (plumber) or streamed (Shiny).
@@ -161,14 +167,16 @@ impl Seat {
 }
 
 impl Forwarder {
-    pub fn new(spool: PathBuf, client_timeout: Duration) -> Self {
+    pub fn new(spool: PathBuf, client_timeout: Duration, bounds: resume::Bounds) -> Self {
+        let (sessions, close_sessions) = (TaskTracker::new(), CancellationToken::new());
         Forwarder {
             spool,
             client_timeout,
             cookie_key: std::collections::hash_map::RandomState::new(),
             browsers: std::sync::atomic::AtomicU64::new(1),
-            sessions: TaskTracker::new(),
-            close_sessions: CancellationToken::new(),
+            resumes: Arc::new(Resumes::new(bounds, sessions.clone(), close_sessions.clone())),
+            sessions,
+            close_sessions,
         }
     }
 
@@ -212,6 +220,14 @@ impl Forwarder {
             metrics.reject(Rejection::BodyTooLarge);
             return too_large(cfg.max_body_size);
         }
+        let offer =
+            if websocket && !cfg.reconnect_window.is_zero() { resume::offer(req.headers()) } else { Offer::Plain };
+        if offer == Offer::Resume {
+            // A browser coming back to its session: no worker is asked.
+            if let Some(key) = req.headers().get(header::SEC_WEBSOCKET_KEY).cloned() {
+                return self.resumes.resume(hyper::upgrade::on(&mut req), &key, app.sup.clone());
+            }
+        }
         let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
         let (parts, body) = req.into_parts();
         let payload = if websocket || body.is_end_stream() {
@@ -243,8 +259,18 @@ impl Forwarder {
                 }
             }
         };
-        let head = worker_head(parts, path, peer, &cfg.prefix, &payload, websocket);
-        let mut resp = self.exchange(app, head, payload, client_upgrade, served).await;
+        let mut head = worker_head(parts, path, peer, &cfg.prefix, &payload, websocket);
+        if matches!(offer, Offer::New { .. }) {
+            resume::plain_upgrade(&mut head.headers);
+        }
+        if cfg.is_shiny() && !websocket && !cfg.reconnect_window.is_zero() && head.method == Method::GET {
+            // A page valve adds its script to must come uncompressed (Shiny gzips).
+            let page = head.headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/html"));
+            if page {
+                head.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+            }
+        }
+        let mut resp = self.exchange(app, head, payload, client_upgrade.map(|c| (c, offer)), served).await;
         if cfg.prefix != "/" {
             under_prefix(resp.headers_mut(), &cfg.prefix);
         }
@@ -258,7 +284,7 @@ impl Forwarder {
         app: &Mounted,
         head: Head,
         payload: Payload,
-        client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+        client_upgrade: Option<(hyper::upgrade::OnUpgrade, Offer)>,
         served: &mut Served,
     ) -> Response<ReplyBody> {
         let shiny = app.config.is_shiny();
@@ -398,15 +424,45 @@ impl Forwarder {
             Answer::Stream(body) => {
                 let mut resp = Response::from_parts(parts, body);
                 match (client_upgrade, resp.status()) {
-                    (Some(client), StatusCode::SWITCHING_PROTOCOLS) => {
+                    (Some((client, offer)), StatusCode::SWITCHING_PROTOCOLS) => {
                         let worker_upgrade = hyper::upgrade::on(&mut resp);
-                        self.splice(client, worker_upgrade, sup.clone(), seat.worker(), token);
-                        let (parts, _) = resp.into_parts();
+                        let (mut parts, _) = resp.into_parts();
+                        match offer {
+                            Offer::New { restart } => {
+                                resume::speaks(&mut parts.headers);
+                                let window = app.config.reconnect_window;
+                                self.resumes.start(
+                                    client,
+                                    worker_upgrade,
+                                    sup.clone(),
+                                    seat.worker(),
+                                    token,
+                                    window,
+                                    restart,
+                                );
+                            }
+                            Offer::Plain | Offer::Resume => {
+                                self.splice(client, worker_upgrade, sup.clone(), seat.worker(), token)
+                            }
+                        }
                         Response::from_parts(parts, ReplyBody::Empty)
                     }
                     _ => {
                         let (parts, body) = resp.into_parts();
-                        answer(parts, ReplyBody::Stream(body))
+                        let scripted = !app.config.reconnect_window.is_zero() && head.method == Method::GET;
+                        match scripted.then(|| with_script(&parts, head.uri.path())).flatten() {
+                            Some(src) => match body.collect().await {
+                                Ok(page) => {
+                                    let page = page.to_bytes();
+                                    let page = resume::inject(&page, &src).map(bytes::Bytes::from).unwrap_or(page);
+                                    let mut parts = parts;
+                                    parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(page.len()));
+                                    answer(parts, ReplyBody::text(page))
+                                }
+                                Err(_) => error(StatusCode::BAD_GATEWAY, "the R worker's page broke off"),
+                            },
+                            None => answer(parts, ReplyBody::Stream(body)),
+                        }
                     }
                 }
             }
@@ -461,6 +517,16 @@ impl Forwarder {
 fn answer(mut parts: http::response::Parts, body: ReplyBody) -> Response<ReplyBody> {
     strip_hop_by_hop(&mut parts.headers);
     Response::from_parts(parts, body)
+}
+
+/// The script's `src` if this answer is a Shiny page valve adds it to:
+/// 200, HTML, not compressed, of a known length within `resume::MAX_PAGE`.
+fn with_script(parts: &http::response::Parts, inner: &str) -> Option<String> {
+    let h = &parts.headers;
+    let html = h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|t| t.starts_with("text/html"));
+    let plain = h.get(header::CONTENT_ENCODING).is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
+    let small = declared_length(h).is_some_and(|n| n <= resume::MAX_PAGE);
+    (parts.status == StatusCode::OK && html && plain && small).then(|| resume::script_src(inner))
 }
 
 /// A bodyless GET, HEAD or OPTIONS, which R can safely be asked twice.

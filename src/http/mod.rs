@@ -8,5 +8,6 @@ pub mod forward;
 mod head;
 pub mod identity;
 pub mod reply;
+pub mod resume;
 pub mod router;
 pub mod server;

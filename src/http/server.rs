@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderValue};
-use http::{Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -24,6 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use super::forward::{Forwarder, Served};
 use super::reply::{error, redirect, ReplyBody};
+use super::resume;
 use super::router::{Routed, Router, Table};
 use crate::config::is_admin_path;
 use crate::shutdown::Shutdown;
@@ -110,6 +111,9 @@ impl Front {
     }
 
     async fn answer(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ReplyBody> {
+        if resume::wants_script(req.uri().path()) && matches!(*req.method(), Method::GET | Method::HEAD) {
+            return reconnect_script();
+        }
         if is_admin_path(req.uri().path()) {
             return self.admin.handle(req.method(), req.uri().path(), self.admin_on_main).await;
         }
@@ -238,6 +242,16 @@ pub async fn run(
         front.forwarder.close_sessions.cancel();
     }
     drained
+}
+
+/// valve's Shiny reconnect script, at any app's root (its URL carries its
+/// version, so it may be cached).
+fn reconnect_script() -> Response<ReplyBody> {
+    let mut resp = Response::new(ReplyBody::text(resume::script().0));
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/javascript; charset=utf-8"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("public, max-age=86400"));
+    resp
 }
 
 fn builder(limits: ClientLimits) -> http1::Builder {

@@ -115,14 +115,31 @@ impl Reconnects {
     }
 }
 
+/// A counter's name, help and where it is kept.
+type Counter = (&'static str, &'static str, fn(&Reconnects) -> &AtomicU64);
+
 /// Renders every app's reconnect metrics.
 pub(super) fn render(out: &mut String, apps: &[std::sync::Arc<AppMetrics>]) {
-    let counters: [(&str, &str, fn(&Reconnects) -> &AtomicU64); 5] = [
-        ("valve_shiny_connections_dropped_total", "Browser connections to a resumable Shiny session that dropped.", |r| &r.dropped),
+    let counters: [Counter; 5] = [
+        (
+            "valve_shiny_connections_dropped_total",
+            "Browser connections to a resumable Shiny session that dropped.",
+            |r| &r.dropped,
+        ),
         ("valve_shiny_sessions_resumed_total", "Browsers that came back to the same Shiny session.", |r| &r.resumed),
-        ("valve_shiny_sessions_restarted_total", "New Shiny sessions a browser started, with its inputs, because its session was gone.", |r| &r.restarted),
-        ("valve_shiny_resumes_refused_total", "Resumes refused: unknown or ended session, wrong secret, another app's session.", |r| &r.refused),
-        ("valve_shiny_buffer_overflows_total", "Times a session's buffer for its browser passed its bound.", |r| &r.overflowed),
+        (
+            "valve_shiny_sessions_restarted_total",
+            "New Shiny sessions a browser started, with its inputs, because its session was gone.",
+            |r| &r.restarted,
+        ),
+        (
+            "valve_shiny_resumes_refused_total",
+            "Resumes refused: unknown or ended session, wrong secret, another app's session.",
+            |r| &r.refused,
+        ),
+        ("valve_shiny_buffer_overflows_total", "Times a session's buffer for its browser passed its bound.", |r| {
+            &r.overflowed
+        }),
     ];
     for (name, help, field) in counters {
         header(out, name, "counter", help);
@@ -134,14 +151,25 @@ pub(super) fn render(out: &mut String, apps: &[std::sync::Arc<AppMetrics>]) {
     for a in apps {
         for why in SessionEnd::ALL {
             let n = a.reconnects.ended[why as usize].load(Relaxed);
-            let _ = writeln!(out, "valve_shiny_sessions_ended_total{{app=\"{}\",reason=\"{}\"}} {n}", a.name, why.as_str());
+            let _ =
+                writeln!(out, "valve_shiny_sessions_ended_total{{app=\"{}\",reason=\"{}\"}} {n}", a.name, why.as_str());
         }
     }
     header(out, "valve_shiny_buffered_bytes", "gauge", "Bytes valve holds for browsers (sent, not yet acknowledged).");
     for a in apps {
-        let _ = writeln!(out, "valve_shiny_buffered_bytes{{app=\"{}\"}} {}", a.name, a.reconnects.buffered.load(Relaxed).max(0));
+        let _ = writeln!(
+            out,
+            "valve_shiny_buffered_bytes{{app=\"{}\"}} {}",
+            a.name,
+            a.reconnects.buffered.load(Relaxed).max(0)
+        );
     }
-    header(out, "valve_shiny_disconnected_seconds", "histogram", "How long browsers were away from their Shiny session (until they came back or it ended).");
+    header(
+        out,
+        "valve_shiny_disconnected_seconds",
+        "histogram",
+        "How long browsers were away from their Shiny session (until they came back or it ended).",
+    );
     for a in apps {
         a.reconnects.disconnected.render(out, "valve_shiny_disconnected_seconds", &a.name);
     }

@@ -53,6 +53,13 @@ await page.addInitScript(() => {
     attributeFilter: ["class", "style"] });
 });
 
+// The secret valve gave this page's latest session (its `s` message), for
+// tests that try to borrow it; the page keeps it private.
+let secret = null;
+page.on("websocket", (ws) => ws.on("framereceived", (f) => {
+  if (typeof f.payload === "string" && f.payload.startsWith("s ")) secret = f.payload.split(" ")[2];
+}));
+
 const text = (id) => page.evaluate((id) => (document.getElementById(id)?.textContent ?? "").trim(), id);
 
 async function state() {
@@ -70,7 +77,8 @@ async function state() {
     }
     const seen = t("seen");
     return {
-      token: t("token"), sid: v.sid ?? null, name: t("name_seen"), n: t("n_seen"), go: t("go_seen"),
+      token: t("token") || (window.Shiny && Shiny.shinyapp && Shiny.shinyapp.config && Shiny.shinyapp.config.sessionId) || "",
+      sid: v.sid ?? null, name: t("name_seen"), n: t("n_seen"), go: t("go_seen"),
       seen: seen === "" ? [] : seen.split(","), count: Number(t("count") || 0),
       ticks: { n: ticks.length, ok, last: ticks.length ? ticks[ticks.length - 1] : null },
       marker: window.__marker ?? null,
@@ -84,13 +92,15 @@ async function state() {
 }
 
 const connected = () => window.Shiny && Shiny.shinyapp && Shiny.shinyapp.isConnected()
-  && (document.getElementById("token")?.textContent ?? "").trim() !== "";
+  && ((document.getElementById("token")?.textContent ?? "").trim() !== ""
+      || (!document.getElementById("token") && !!(Shiny.shinyapp.config && Shiny.shinyapp.config.sessionId)));
 
 // Wait for a connected app and a token that is (`same`) or is not (`fresh`) `first`.
 async function waitToken(mode, first, timeoutS) {
   await page.waitForFunction(([mode, first]) => {
     if (!(window.Shiny && Shiny.shinyapp && Shiny.shinyapp.isConnected())) return false;
-    const t = (document.getElementById("token")?.textContent ?? "").trim();
+    const t = (document.getElementById("token")?.textContent ?? "").trim()
+      || (document.getElementById("token") ? "" : (Shiny.shinyapp.config && Shiny.shinyapp.config.sessionId) || "");
     return t !== "" && (mode === "same" ? t === first : t !== first);
   }, [mode, first], { timeout: timeoutS * 1000, polling: 50 });
 }
@@ -102,12 +112,12 @@ let marker = null;
 async function baseline() {
   marker = Math.random().toString(36).slice(2);
   await page.evaluate((m) => { window.__marker = m; }, marker);
-  firstToken = await text("token");
+  firstToken = (await state()).token;
 }
 
 async function stateWithMarker() {
   const { marker: m, ...s } = await state();
-  return { ...s, marker_ok: m === marker };
+  return { ...s, marker_ok: m === marker, secret };
 }
 
 await page.goto(url);

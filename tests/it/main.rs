@@ -11,6 +11,7 @@ mod harness;
 mod layers;
 mod lifecycle;
 mod placement;
+mod reconnect;
 mod preload;
 mod reliability;
 mod rules;

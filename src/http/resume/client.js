@@ -26,6 +26,7 @@
 
   var PROTOCOL = "valve-shiny.1";
   var RESUME = "valve-resume";
+  var RESTART = "valve-restart";
   var ACK_DELAY_MS = 250;        // ack this long after the first unacked receive
   var ACK_EVERY = 64;            // ...or at once when this many are unacked
   var PING_MS = 15000;           // ping while attached
@@ -236,7 +237,9 @@
     var self = this, ws, resume = kind === "resume";
     try {
       var url = socketUrl(window.location, navigator.userAgent);
-      ws = kind === "plain" ? new WebSocket(url) : new WebSocket(url, resume ? [PROTOCOL, RESUME] : [PROTOCOL]);
+      // A new session that replaces one that is gone says so (valve counts restarts).
+      var offered = resume ? [PROTOCOL, RESUME] : this.fromRestart ? [PROTOCOL, RESTART] : [PROTOCOL];
+      ws = kind === "plain" ? new WebSocket(url) : new WebSocket(url, offered);
     } catch (e) {
       report(e);
       later(function () { self._closed(null, 1006); }, 0);
