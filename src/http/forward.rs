@@ -265,7 +265,8 @@ impl Forwarder {
         }
         if cfg.is_shiny() && !websocket && !cfg.reconnect_window.is_zero() && head.method == Method::GET {
             // A page valve adds its script to must come uncompressed (Shiny gzips).
-            let page = head.headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/html"));
+            let page =
+                head.headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/html"));
             if page {
                 head.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
             }

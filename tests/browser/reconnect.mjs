@@ -99,6 +99,8 @@ const connected = () => window.Shiny && Shiny.shinyapp && Shiny.shinyapp.isConne
 async function waitToken(mode, first, timeoutS) {
   await page.waitForFunction(([mode, first]) => {
     if (!(window.Shiny && Shiny.shinyapp && Shiny.shinyapp.isConnected())) return false;
+    // Back: the script's socket is attached again (or plain, without valve's protocol).
+    if (window.__valve && !["attached", "plain"].includes(window.__valve.state)) return false;
     const t = (document.getElementById("token")?.textContent ?? "").trim()
       || (document.getElementById("token") ? "" : (Shiny.shinyapp.config && Shiny.shinyapp.config.sessionId) || "");
     return t !== "" && (mode === "same" ? t === first : t !== first);

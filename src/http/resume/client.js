@@ -574,8 +574,9 @@
     }
   };
 
-  // The first `init` after a restart must not press buttons again: drop the
-  // `<id>:shiny.action` counts from it.
+  // The first `init` after a restart must not press buttons again: the
+  // `<id>:shiny.action` counts go as 0, as a fresh page's buttons (Shiny
+  // takes 0 as "never pressed"; the next press fires once).
   P._stripActions = function (data) {
     if (data.indexOf('"init"') < 0) return data;
     var msg;
@@ -585,7 +586,7 @@
     if (!msg.data || typeof msg.data !== "object") return data;
     var changed = false;
     Object.keys(msg.data).forEach(function (k) {
-      if (/:shiny\.action$/.test(k)) { delete msg.data[k]; changed = true; }
+      if (/:shiny\.action$/.test(k) && msg.data[k] !== 0) { msg.data[k] = 0; changed = true; }
     });
     return changed ? JSON.stringify(msg) : data;
   };
