@@ -6,10 +6,14 @@
 //
 // Speaks JSON lines: prints {"placed": [...]} once every browser has the app
 // running and has reloaded it RELOADS times (each browser's balancer cookie must
-// not change), then waits for a line {"stopped": NAME} on stdin, reloads the
-// browsers that were on NAME (they must land on the other instance and work)
-// and checks the others kept their live session untouched; prints {"moved": [...]}
-// and keeps every browser open until stdin closes.
+// not change). Then waits for {"cut": true} (HAProxy cut every connection):
+// every browser must come back to the same session on the same instance by
+// itself (valve's reconnect, through the balancer's cookie); prints
+// {"resumed": [...]}. Then waits for {"stopped": NAME}: the browsers that were
+// on NAME must get a new session on the other instance by themselves, with
+// their inputs and without a page reload, while the others keep their live
+// session untouched; prints {"moved": [...]} and keeps every browser open
+// until stdin closes.
 import { chromium } from "../../tests/browser/node_modules/playwright-core/index.mjs";
 import { createInterface } from "node:readline";
 
@@ -75,6 +79,25 @@ try {
   out({ placed: browsers.map((b) => ({ browser: b.i, instance: b.lb, worker: b.worker })) });
 
   const lines = createInterface({ input: process.stdin })[Symbol.asyncIterator]();
+  const cut = await lines.next();
+  check(!cut.done && JSON.parse(cut.value).cut, "told the connections were cut");
+  const resumed = [];
+  for (const b of browsers) {
+    const t = Date.now();
+    await b.page.waitForFunction(() => window.__valve && window.__valve.resumes >= 1
+      && window.__valve.state === "attached", null, { timeout: 60000 });
+    check(await sessionId(b.page) === b.session, `browser ${b.i} came back to its session`);
+    await works(b.page, 30 + b.i, `browser ${b.i} after the cut`);
+    const c = await cookies(b.context);
+    check(c.lb === b.lb, `browser ${b.i} still on ${b.lb} after the cut`);
+    resumed.push({ browser: b.i, instance: b.lb, ms: Date.now() - t });
+  }
+  out({ resumed });
+  for (const b of browsers) {
+    await b.page.evaluate(() => { window.__marker = "no reload"; });
+    b.bins = await b.page.evaluate(() => Shiny.shinyapp.$inputValues.bins);
+  }
+
   const told = await lines.next();
   const stopped = told.done ? null : JSON.parse(told.value).stopped;
   check(stopped, "told which instance stopped");
@@ -82,8 +105,14 @@ try {
   const moved = [];
   for (const b of browsers) {
     if (b.lb === stopped) {
-      await b.page.reload();
-      await works(b.page, 33, `browser ${b.i} reloaded after ${stopped} stopped`);
+      // No reload: once the stopped valve ends its sessions, the page starts a
+      // new one on the other instance with the inputs it had.
+      await b.page.waitForFunction((old) => window.Shiny && Shiny.shinyapp.isConnected()
+        && Shiny.shinyapp.config && Shiny.shinyapp.config.sessionId !== old, b.session, { timeout: 90000 });
+      check(await b.page.evaluate(() => window.__marker) === "no reload", `browser ${b.i} was not reloaded`);
+      const bins = await b.page.evaluate(() => Shiny.shinyapp.$inputValues.bins);
+      check(bins === b.bins, `browser ${b.i} kept its input bins = ${b.bins} (now ${bins})`);
+      await works(b.page, 33, `browser ${b.i} moved after ${stopped} stopped`);
       const c = await cookies(b.context);
       check(c.lb && c.lb !== stopped, `browser ${b.i} moved off ${stopped} (cookie now ${c.lb})`);
       moved.push({ browser: b.i, from: stopped, to: c.lb });

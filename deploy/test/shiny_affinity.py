@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """A Shiny app (Shiny's own examples/01_hello) on two valves behind HAProxy with
 cookie affinity (HAProxy's own cookie, as an Ingress controller's): each browser
-stays on its instance across reloads, and when one instance is stopped
-(SIGTERM) its browsers reload onto the other while the other's browsers keep
-their live sessions. Real chromium (shiny-affinity.mjs), real R workers.
+stays on its instance across reloads and comes back to its own session when
+the balancer cuts its connection, and when one instance is stopped (SIGTERM)
+its browsers move to the other by themselves (a new session with their inputs,
+no page reload) while the other's browsers keep their live sessions. Real chromium (shiny-affinity.mjs), real R workers.
 
     shiny_affinity.py [--browsers N]
 
@@ -111,6 +112,12 @@ def main():
             cluster.wait_for(f"{name} to hold {want} session(s)", lambda v=v, want=want: v.sessions() == want, 15)
         if not all(result["placed"].values()):
             problems.append(f"round robin left an instance without browsers: {result['placed']}")
+        # Cut every browser's connection at the balancer: each comes back to
+        # its own session on its own instance (the balancer's cookie).
+        for v in valves:
+            lb.command(f"shutdown sessions server valves/{v.name}")
+        node.send({"cut": True})
+        result.update(node.read("coming back after the cut", 120))
         # Stop the instance holding browser 0; tell the browsers once HAProxy took it out.
         stop = by_name[placed[0]["instance"]]
         t = time.monotonic()
