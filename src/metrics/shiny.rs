@@ -7,7 +7,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use super::{header, AppMetrics, Histogram};
+use super::family::{header, Histogram};
 
 /// Why a resumable Shiny session ended (`valve_shiny_sessions_ended_total`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,7 +119,7 @@ impl Reconnects {
 type Counter = (&'static str, &'static str, fn(&Reconnects) -> &AtomicU64);
 
 /// Renders every app's reconnect metrics.
-pub(super) fn render(out: &mut String, apps: &[std::sync::Arc<AppMetrics>]) {
+pub(super) fn render(out: &mut String, apps: &[(&str, &Reconnects)]) {
     let counters: [Counter; 5] = [
         (
             "valve_shiny_connections_dropped_total",
@@ -143,26 +143,21 @@ pub(super) fn render(out: &mut String, apps: &[std::sync::Arc<AppMetrics>]) {
     ];
     for (name, help, field) in counters {
         header(out, name, "counter", help);
-        for a in apps {
-            let _ = writeln!(out, "{name}{{app=\"{}\"}} {}", a.name, field(&a.reconnects).load(Relaxed));
+        for (app, r) in apps {
+            let _ = writeln!(out, "{name}{{app=\"{app}\"}} {}", field(r).load(Relaxed));
         }
     }
     header(out, "valve_shiny_sessions_ended_total", "counter", "Resumable Shiny sessions that ended, by why.");
-    for a in apps {
+    for (name, r) in apps {
         for why in SessionEnd::ALL {
-            let n = a.reconnects.ended[why as usize].load(Relaxed);
+            let n = r.ended[why as usize].load(Relaxed);
             let _ =
-                writeln!(out, "valve_shiny_sessions_ended_total{{app=\"{}\",reason=\"{}\"}} {n}", a.name, why.as_str());
+                writeln!(out, "valve_shiny_sessions_ended_total{{app=\"{}\",reason=\"{}\"}} {n}", name, why.as_str());
         }
     }
     header(out, "valve_shiny_buffered_bytes", "gauge", "Bytes valve holds for browsers (sent, not yet acknowledged).");
-    for a in apps {
-        let _ = writeln!(
-            out,
-            "valve_shiny_buffered_bytes{{app=\"{}\"}} {}",
-            a.name,
-            a.reconnects.buffered.load(Relaxed).max(0)
-        );
+    for (name, r) in apps {
+        let _ = writeln!(out, "valve_shiny_buffered_bytes{{app=\"{}\"}} {}", name, r.buffered.load(Relaxed).max(0));
     }
     header(
         out,
@@ -170,7 +165,7 @@ pub(super) fn render(out: &mut String, apps: &[std::sync::Arc<AppMetrics>]) {
         "histogram",
         "How long browsers were away from their Shiny session (until they came back or it ended).",
     );
-    for a in apps {
-        a.reconnects.disconnected.render(out, "valve_shiny_disconnected_seconds", &a.name);
+    for (name, r) in apps {
+        r.disconnected.render(out, "valve_shiny_disconnected_seconds", name);
     }
 }

@@ -69,3 +69,35 @@ fn history_turns_counters_into_rates_and_quantiles() {
     assert_eq!(h[1].requests, 0);
     assert_eq!(h[1].p50, None);
 }
+
+#[test]
+fn resumable_shiny_sessions_are_counted_by_app_and_why_they_ended() {
+    let r = Registry::default();
+    let m = r.app("explorer");
+    m.reconnects.dropped();
+    m.reconnects.resumed(Duration::from_millis(1500));
+    m.reconnects.restarted();
+    m.reconnects.refused();
+    m.reconnects.buffered(4096);
+    m.reconnects.buffered(-1024);
+    m.reconnects.ended(SessionEnd::Window, Some(Duration::from_secs(120)));
+    m.reconnects.ended(SessionEnd::Left, None);
+    let text = r.render(&BTreeMap::new(), 1, 4);
+    for line in [
+        "valve_shiny_connections_dropped_total{app=\"explorer\"} 1",
+        "valve_shiny_sessions_resumed_total{app=\"explorer\"} 1",
+        "valve_shiny_sessions_restarted_total{app=\"explorer\"} 1",
+        "valve_shiny_resumes_refused_total{app=\"explorer\"} 1",
+        "valve_shiny_buffer_overflows_total{app=\"explorer\"} 0",
+        "valve_shiny_sessions_ended_total{app=\"explorer\",reason=\"window\"} 1",
+        "valve_shiny_sessions_ended_total{app=\"explorer\",reason=\"left\"} 1",
+        "valve_shiny_sessions_ended_total{app=\"explorer\",reason=\"worker\"} 0",
+        "valve_shiny_buffered_bytes{app=\"explorer\"} 3072",
+        "valve_shiny_disconnected_seconds_bucket{app=\"explorer\",le=\"2.5\"} 1",
+        "valve_shiny_disconnected_seconds_count{app=\"explorer\"} 2",
+    ] {
+        assert!(text.contains(line), "{line} in:\n{text}");
+    }
+    let parsed = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap();
+    assert!(parsed.samples.iter().any(|s| s.metric == "valve_shiny_sessions_resumed_total"));
+}

@@ -13,12 +13,12 @@
 //! Rooms: `wire` (the messages and the numbering, pure), `inject` (the
 //! script tag in Shiny's pages, pure), `session` (one session's task).
 
+mod bound;
 mod inject;
 mod session;
 mod wire;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,6 +36,8 @@ use crate::app::Supervisor;
 use crate::http::reply::ReplyBody;
 use crate::worker::WorkerId;
 
+pub use bound::Bounds;
+use bound::Held;
 pub use inject::{inject, script, script_src, wants_script, MAX_PAGE};
 use session::{close_with, Attach, Session, Ws};
 
@@ -90,15 +92,6 @@ pub fn speaks(headers: &mut HeaderMap) {
     headers.insert(header::SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(PROTOCOL));
 }
 
-/// Bounds on what valve holds for browsers.
-#[derive(Clone, Copy, Debug)]
-pub struct Bounds {
-    /// Bytes per session.
-    pub session: usize,
-    /// Bytes across every session.
-    pub total: usize,
-}
-
 /// A session as the table knows it: enough to check a resume and hand it over.
 struct Entry {
     app: String,
@@ -110,15 +103,14 @@ struct Entry {
 pub struct Resumes {
     table: Mutex<HashMap<String, Entry>>,
     /// Bytes held for browsers now, across sessions.
-    held: AtomicUsize,
-    bounds: Bounds,
+    held: Arc<Held>,
     tasks: TaskTracker,
     close: CancellationToken,
 }
 
 impl Resumes {
     pub fn new(bounds: Bounds, tasks: TaskTracker, close: CancellationToken) -> Self {
-        Resumes { table: Mutex::new(HashMap::new()), held: AtomicUsize::new(0), bounds, tasks, close }
+        Resumes { table: Mutex::new(HashMap::new()), held: Arc::new(Held::new(bounds)), tasks, close }
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
@@ -151,8 +143,14 @@ impl Resumes {
             let (attach, attached) = mpsc::channel(4);
             resumes.table().insert(sid.clone(), Entry { app: sup.settings.name.clone(), token: token.clone(), attach });
             tracing::debug!(app = %sup.settings.name, worker = id, session = %sid, "Shiny session opened (resumable)");
-            let session =
-                Session { sid: sid.clone(), window, sup: sup.clone(), worker_id: id, resumes: resumes.clone() };
+            let session = Session {
+                sid: sid.clone(),
+                window,
+                sup: sup.clone(),
+                worker_id: id,
+                held: resumes.held.clone(),
+                close: resumes.close.clone(),
+            };
             session.run(worker, client, &token, attached).await;
             resumes.table().remove(&sid);
             sup.session(id, false, None);
@@ -206,16 +204,6 @@ impl Resumes {
         }
         speaks(h);
         resp
-    }
-
-    /// Counts `bytes` more held; false if that passes the shared bound
-    /// (the holder then lets some go, or ends its session).
-    fn hold(&self, bytes: usize) -> bool {
-        self.held.fetch_add(bytes, Ordering::Relaxed) + bytes <= self.bounds.total
-    }
-
-    fn release(&self, bytes: usize) {
-        self.held.fetch_sub(bytes, Ordering::Relaxed);
     }
 }
 
@@ -276,16 +264,5 @@ mod tests {
         assert!(!same_secret(&a, &b));
         assert!(!same_secret(&a, &a[..31]));
         assert!(!same_secret("", "x"));
-    }
-
-    #[test]
-    fn the_shared_bound_is_kept() {
-        let r = Resumes::new(Bounds { session: 10, total: 100 }, TaskTracker::new(), CancellationToken::new());
-        assert!(r.hold(60));
-        assert!(!r.hold(41), "over the total");
-        r.release(41);
-        assert!(r.hold(40));
-        r.release(100);
-        assert!(r.hold(100));
     }
 }

@@ -16,8 +16,8 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
+use super::bound::Held;
 use super::wire::{self, Arrival, FromBrowser, Inbox, Outbox, Payload};
-use super::Resumes;
 use crate::app::Supervisor;
 use crate::metrics::SessionEnd;
 use crate::worker::WorkerId;
@@ -53,7 +53,10 @@ pub struct Session {
     pub window: Duration,
     pub sup: Arc<Supervisor>,
     pub worker_id: WorkerId,
-    pub resumes: Arc<Resumes>,
+    /// What every session holds, against the shared bound.
+    pub held: Arc<Held>,
+    /// Fired when valve stops holding sessions (the drain gave up).
+    pub close: tokio_util::sync::CancellationToken,
 }
 
 /// How the loop ended, and what the browser is told.
@@ -81,7 +84,7 @@ impl Session {
     pub async fn run(self, mut worker: Ws, first: Ws, token: &str, mut attached: mpsc::Receiver<Attach>) {
         let app = self.sup.settings.name.clone();
         let metrics = self.sup.metrics.clone();
-        let bound = self.resumes.bounds.session;
+        let bound = self.held.bounds.session;
         let window_ms = self.window.as_millis();
         let mut out = Outbox::default();
         let mut inbox = Inbox::default();
@@ -107,7 +110,7 @@ impl Session {
                 .min()
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             tokio::select! {
-                _ = self.resumes.close.cancelled() => break End::Because(SessionEnd::Shutdown),
+                _ = self.close.cancelled() => break End::Because(SessionEnd::Shutdown),
                 msg = worker.next() => {
                     let payload = match msg {
                         Some(Ok(Message::Text(t))) => Payload::Text(t.to_string()),
@@ -119,7 +122,7 @@ impl Session {
                     let len = payload.len();
                     let numbered = browser.as_ref().map(|_| payload.numbered(out.last_sent() + 1));
                     out.push(payload);
-                    let fits = self.resumes.hold(len);
+                    let fits = self.held.hold(len);
                     metrics.reconnects.buffered(len as i64);
                     if !fits || out.bytes() > bound || out.held() > MAX_HELD {
                         if browser.is_none() {
@@ -131,7 +134,7 @@ impl Session {
                         // Attached: what the browser has not acknowledged is let go;
                         // only a resume that needs it is refused.
                         let freed = out.shed(bound / 2, MAX_HELD / 2);
-                        self.resumes.release(freed);
+                        self.held.release(freed);
                         metrics.reconnects.buffered(-(freed as i64));
                         if !overflowing {
                             tracing::warn!(app = %app, session = %self.sid, bound_bytes = bound,
@@ -184,7 +187,7 @@ impl Session {
                         },
                         FromBrowser::Ack(n) => match out.ack(n) {
                             Ok(freed) => {
-                                self.resumes.release(freed);
+                                self.held.release(freed);
                                 metrics.reconnects.buffered(-(freed as i64));
                             }
                             Err(_) => {
@@ -215,7 +218,7 @@ impl Session {
                     };
                     let resend: Vec<Message> = resend.map(|(seq, p)| p.numbered(*seq)).collect();
                     if let Ok(freed) = out.ack(back.last) {
-                        self.resumes.release(freed);
+                        self.held.release(freed);
                         metrics.reconnects.buffered(-(freed as i64));
                     }
                     browser = Some(back.socket);
@@ -272,7 +275,7 @@ impl Session {
             let _ = tokio::time::timeout(WRITE_WAIT, worker.close(None)).await;
         }
         let held = out.bytes();
-        self.resumes.release(held);
+        self.held.release(held);
         metrics.reconnects.buffered(-(held as i64));
         metrics.reconnects.ended(why, away.map(|t| t.elapsed()));
         tracing::debug!(app = %app, session = %self.sid, worker = self.worker_id, reason = why.as_str(), "Shiny session ended");
