@@ -335,3 +335,41 @@ async fn under_a_prefix_beside_another_app_a_blip_resumes_shinys_own_example() {
     hello.close().await;
     mine.close().await;
 }
+
+#[test]
+fn the_client_scripts_framing_reads_and_writes_what_valve_does() {
+    crate::harness::need_program("node", "nodejs");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+    let out = std::process::Command::new("node").arg("reconnect_framing.mjs").current_dir(dir).output().unwrap();
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_the_window_at_zero_pages_get_no_script_and_sockets_are_spliced_as_before() {
+    let valve = Valve::start(&["-f", &app(), "--no-access-log", "--shiny-reconnect-window", "0"]);
+    let page = crate::harness::client()
+        .get(format!("{}/", valve.url))
+        .header("Accept", "text/html")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("shiny.min.js") && !page.contains("shiny-reconnect.js"), "{page}");
+    // A socket offering valve's protocol is a plain Shiny socket: no protocol in the 101.
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let addr = valve.url.trim_start_matches("http://").to_string();
+    let mut req = format!("ws://{addr}/websocket/").into_client_request().unwrap();
+    req.headers_mut().insert("Sec-WebSocket-Protocol", "valve-shiny.1".parse().unwrap());
+    let stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let answer = tokio_tungstenite::client_async(req, stream).await;
+    // tungstenite refuses a 101 without the offered protocol, as browsers do: the
+    // script then opens a plain socket.
+    assert!(answer.is_err(), "no valve protocol is spoken with reconnect off");
+    let mut page = Page::open(&valve.url).await;
+    let state = page.ask(json!({"op": "type", "text": "plain"})).await;
+    assert_eq!(state["state"], Value::Null, "the script is absent: {state}");
+    assert_eq!(state["name"], "plain", "Shiny's own socket works: {state}");
+    page.close().await;
+}
