@@ -373,3 +373,25 @@ async fn with_the_window_at_zero_pages_get_no_script_and_sockets_are_spliced_as_
     assert_eq!(state["name"], "plain", "Shiny's own socket works: {state}");
     page.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn past_the_window_with_valve_out_of_reach_shinys_own_overlay_shows_until_a_new_session_starts() {
+    let valve = Valve::start(&["-f", &app(), "--no-access-log", "--shiny-reconnect-window", "2"]);
+    let proxy = Cuttable::start(&valve.url).await;
+    let mut page = Page::open(&proxy.url).await;
+    page.ask(json!({"op": "type", "text": "still here"})).await;
+    proxy.set_down(true);
+    // 2 s of window, then 10 s of trying quietly, then Shiny's own overlay.
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    let away = page.state().await;
+    assert_eq!(away["overlay_seen"], true, "Shiny's overlay shows once a new session cannot start: {away}");
+    proxy.set_down(false);
+    let after = page.ask(json!({"op": "wait", "for": "fresh", "timeout": 60})).await;
+    assert_eq!(after["name"], "still here", "inputs restored: {after}");
+    assert_eq!(after["marker_ok"], true, "no page reload: {after}");
+    let overlay = page
+        .ask(json!({"op": "eval", "js": "(() => { const o = document.getElementById('shiny-disconnected-overlay'); return !!o && getComputedStyle(o).display !== 'none'; })()"}))
+        .await;
+    assert_eq!(overlay["value"], false, "the overlay is gone once the new session runs");
+    page.close().await;
+}

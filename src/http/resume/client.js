@@ -140,9 +140,21 @@
     if (appAllow === false || appAllow === "force" || !app()) return;
     app().$allowReconnect = true;
   }
+  // While a new session starts, Shiny's grey overlay and its reconnect
+  // dialog stay hidden; if none has started after RESTART_QUIET_MS (valve
+  // unreachable), they show: Shiny's own countdown and "Try now" take over.
+  var RESTART_QUIET_MS = 10000;
+  var restartTimer = null;
   function restartingClass(on) {
     var cl = document.documentElement.classList;
-    if (on) cl.add("valve-restarting"); else cl.remove("valve-restarting");
+    clearTimeout(restartTimer);
+    restartTimer = null;
+    if (on) {
+      cl.add("valve-restarting");
+      restartTimer = later(function () { cl.remove("valve-restarting"); hideNotice(); }, RESTART_QUIET_MS);
+    } else {
+      cl.remove("valve-restarting");
+    }
   }
 
   // ---- The notice and the CSS -----------------------------------------
