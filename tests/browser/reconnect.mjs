@@ -33,7 +33,9 @@ if (process.env.VALVE_INJECT_CLIENT) {
   // Run it on DOMContentLoaded ahead of jQuery's ready handlers (this listener
   // is added first): shiny.js has loaded, Shiny has not connected yet. (A
   // rewritten document would lose its address and its loopback WebSocket.)
-  const client = readFileSync(process.env.VALVE_INJECT_CLIENT, "utf8");
+  // As valve serves it: framing.js (beside client.js) and client.js in one function.
+  const framing = readFileSync(new URL("framing.js", "file://" + process.env.VALVE_INJECT_CLIENT), "utf8");
+  const client = "(function () {\n" + framing + readFileSync(process.env.VALVE_INJECT_CLIENT, "utf8") + "})();";
   await page.addInitScript({
     content: `document.addEventListener("DOMContentLoaded", function () {\n${client}\n}, { once: true });`,
   });

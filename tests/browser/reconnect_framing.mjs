@@ -1,10 +1,10 @@
-// The framing helpers of src/http/resume/client.js (valve-shiny/1, design
+// The framing helpers of src/http/resume/framing.js (valve-shiny/1, design
 // §3.3), in plain node: node reconnect_framing.mjs (exits non-zero on failure).
 import { createRequire } from "node:module";
 import assert from "node:assert/strict";
 
 const require = createRequire(import.meta.url);
-const f = require("../../src/http/resume/client.js");
+const f = require("../../src/http/resume/framing.js");
 
 // Text data and control messages.
 assert.equal(f.frameText(7, '{"a":1}'), 'm7:{"a":1}');

@@ -4,8 +4,9 @@
 //! before Shiny starts on DOM ready, with a `src` relative to the page so
 //! it works under any prefix (and behind a proxy that rewrites paths).
 
-/// The script valve serves at `<app>/__valve__/shiny-reconnect.js`.
-pub const SCRIPT: &str = include_str!("client.js");
+/// The script valve serves at `<app>/__valve__/shiny-reconnect.js`: the
+/// framing and the client, inside one function so they leave no globals.
+pub const SCRIPT: &str = concat!("(function () {\n", include_str!("framing.js"), include_str!("client.js"), "})();\n");
 
 /// The script's path below an app's root.
 const SCRIPT_PATH: &str = "__valve__/shiny-reconnect.js";

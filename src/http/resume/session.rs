@@ -151,6 +151,12 @@ impl Session {
                 }
                 msg = from_browser(&mut browser) => {
                     let msg = match msg {
+                        // 1001: the browser closes the socket because its page goes away
+                        // (navigated, reloaded, closed): the session ends now, even if the
+                        // script's goodbye did not make it out first.
+                        Some(Ok(Message::Close(Some(f)))) if f.code == CloseCode::Away => {
+                            break End::Because(SessionEnd::Left)
+                        }
                         Some(Ok(Message::Close(_))) | None | Some(Err(_)) => {
                             browser = None;
                             continue;
