@@ -395,3 +395,41 @@ async fn past_the_window_with_valve_out_of_reach_shinys_own_overlay_shows_until_
     assert_eq!(overlay["value"], false, "the overlay is gone once the new session runs");
     page.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shinys_own_examples_come_back_to_the_same_session_after_a_blip() {
+    // 03_reactivity (inputs and outputs), 08_html (its own www/index.html), 11_timer (R pushes every second).
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("valve.toml");
+    let examples = ["03_reactivity", "08_html", "11_timer"];
+    let apps: String = examples
+        .iter()
+        .map(|e| format!("[[app]]\nname = \"{e}\"\npath = \"/{e}\"\nfile = \"{}\"\n\n", shiny_example(e)))
+        .collect();
+    std::fs::write(&config, apps).unwrap();
+    let valve = Valve::start(&["--config", config.to_str().unwrap(), "--no-access-log"]);
+    let proxy = Cuttable::start(&valve.url).await;
+    let mut pages = Vec::new();
+    for e in examples {
+        let mut page = Page::open(&format!("{}/{e}/", proxy.url)).await;
+        let before = page.state().await;
+        assert!(before["sid"].is_string(), "{e}: the script runs in the example's page: {before}");
+        pages.push((e, page, before));
+    }
+    proxy.cut();
+    for (e, page, before) in &mut pages {
+        let after = page.ask(json!({"op": "wait", "for": "same", "timeout": 60})).await;
+        assert_eq!(after["token"], before["token"], "{e}: the same session: {after}");
+        assert_eq!((&after["marker_ok"], &after["overlay_seen"]), (&json!(true), &json!(false)), "{e}: {after}");
+        assert!(after["resumes"].as_u64().unwrap() >= 1, "{e}: {after}");
+    }
+    // The timer's output still moves in its resumed session.
+    let timer = &mut pages[2].1;
+    let moved = timer
+        .ask(json!({"op": "eval", "js": "new Promise(r => { const el = document.getElementById('currentTime'); const old = el.textContent; const t = setInterval(() => { if (el.textContent !== old) { clearInterval(t); r(true); } }, 100); })"}))
+        .await;
+    assert_eq!(moved["value"], true);
+    for (_, page, _) in pages {
+        page.close().await;
+    }
+}
