@@ -117,5 +117,10 @@ try {
   console.error(`shiny check failed: ${e.message}`);
   process.exitCode = 1;
 } finally {
+  // Pages close as a user closes tabs (so valve's script says goodbye and the
+  // sessions end now), then the browser.
+  for (const context of browser.contexts()) {
+    for (const page of context.pages()) await page.close().catch(() => {});
+  }
   await browser.close().catch(() => {});
 }

@@ -289,9 +289,9 @@ async fn a_session_over_its_buffer_while_away_ends_and_the_browser_starts_anew()
     let proxy = Cuttable::start(&valve.url).await;
     let mut page = Page::open(&proxy.url).await;
     page.ask(json!({"op": "type", "text": "after the flood"})).await;
-    // R starts sending 8 MiB; the network goes down under it.
+    // R sends 8 MiB 1.5 s after it is asked; the network is down by then.
     page.ask(json!({"op": "flood", "kib": 8192})).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.set_down(true);
     valve.wait_for_log("buffer passed its bound while its browser was away", Duration::from_secs(30));
     proxy.set_down(false);
