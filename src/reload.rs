@@ -149,6 +149,7 @@ impl Apps {
         if let Some(hub) = &self.frames {
             spec = spec.over_frames(hub.clone());
         }
+        spec.render_timeout = app.start_timeout;
         let launcher = RLauncher::new(spec, app.preload).map_err(RunError::RunDir)?;
         Ok(Supervisor::new(
             self.fleet.clone(),
