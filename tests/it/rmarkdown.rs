@@ -208,6 +208,8 @@ fn a_site_serves_both_kinds_of_document_and_check_names_their_kinds() {
 
     let valve = Valve::start(&["--site", site_dir, "--no-access-log"]);
     valve.wait_for_log("notes/INDEX.rmd has no `runtime: shiny`", Duration::from_secs(5));
+    let (_, listing) = get(&valve.get("/"));
+    assert!(listing.contains("live</a> <small>interactive document"), "the site's listing: {listing}");
     let (status, page) = get(&valve.get("/live/"));
     assert_eq!(status, 200);
     assert!(page.contains("__reactivedoc__"), "{page}");
