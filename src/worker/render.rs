@@ -107,7 +107,9 @@ pub(super) async fn prerender(spec: &Spec, spawner: &Spawner, stop: &Cancellatio
                 Exit::Code(c) => Some(c),
                 _ => None,
             };
-            Err(Failed { message, code, tail: lines })
+            // The message is in the error already; the rest of the output explains it.
+            let tail = lines.into_iter().filter(|l| !l.contains("valve-render-failed: ")).collect();
+            Err(Failed { message, code, tail })
         }
     }
 }
