@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use valve::config::{Args, Config, LoadError, Source};
+use valve::config::{AppSource, Args, Config, LoadError, Source};
 use valve::http::server::{display_addr, Drained};
 use valve::metrics::Registry;
 use valve::shutdown::Shutdown;
@@ -116,7 +116,8 @@ fn healthcheck(url: &str) -> ExitCode {
     }
 }
 
-/// One line on what a valid configuration serves (`--check`).
+/// One line on what a valid configuration serves (`--check`), with the kind
+/// of each app as discovery found it (`plumber-dir`, `shiny`, `shiny-rmd`...).
 fn summary(config: &Config) -> String {
     let apps: Vec<String> = config
         .apps
@@ -127,7 +128,7 @@ fn summary(config: &Config) -> String {
                 a.name,
                 a.hostname.as_deref().unwrap_or(""),
                 a.prefix,
-                if a.is_shiny() { "Shiny" } else { "plumber" },
+                a.source.kind(),
                 a.n_min,
                 a.n_max
             )
@@ -222,14 +223,25 @@ fn report_start_error(config: &Config, app: &str, path: &str, e: &StartError) {
     for line in e.tail() {
         tracing::error!(app, "  R: {line}");
     }
-    let shiny = config.apps.iter().any(|a| a.name == app && a.is_shiny());
+    let source = config.apps.iter().find(|a| a.name == app).map(|a| &a.source);
+    let shiny = source.is_some_and(|s| s.is_shiny());
+    let document = source.is_some_and(|s| matches!(s, AppSource::ShinyRmd { .. }));
     let hint = match e {
         StartError::NoR { .. } | StartError::Io(_) => return,
+        StartError::Render(r) if r.message.contains("pandoc") && !e.missing_package() => {
+            "rendering needs pandoc: install it (`apt-get install pandoc`) or put it on the PATH".to_string()
+        }
         _ if e.missing_package() => {
-            "install R and the app's packages, e.g. `apt-get install r-base-core r-cran-plumber r-cran-shiny`"
+            "install R and the app's packages, e.g. `apt-get install r-base-core r-cran-plumber r-cran-shiny` (and r-cran-rmarkdown and pandoc for R Markdown documents)"
                 .to_string()
         }
         StartError::Timeout(..) => "raise --start-timeout if the app needs longer to load".to_string(),
+        StartError::Render(_) => {
+            format!("render it in R to see the whole problem: R -e 'rmarkdown::render(\"{path}\")'")
+        }
+        StartError::Exited { .. } if document => {
+            format!("run the document in R to see the problem: R -e 'rmarkdown::run(\"{path}\")'")
+        }
         StartError::Exited { .. } if shiny => {
             format!("run the app in R to see the problem: R -e 'shiny::runApp(\"{path}\")'")
         }

@@ -27,7 +27,7 @@ use std::time::Duration;
 use tokio_util::task::TaskTracker;
 
 use crate::app::{Fleet, Settings, Supervisor};
-use crate::config::{AppConfig, AppSource, Config, LoadError, Source};
+use crate::config::{is_output_of_a_document, AppConfig, AppSource, Config, LoadError, Source};
 use crate::http::router::{Mounted, Router, Table};
 use crate::metrics::Registry;
 use crate::worker::{FrameHub, RLauncher, Spec, StartError};
@@ -149,6 +149,7 @@ impl Apps {
         if let Some(hub) = &self.frames {
             spec = spec.over_frames(hub.clone());
         }
+        spec.render_timeout = app.start_timeout;
         let launcher = RLauncher::new(spec, app.preload).map_err(RunError::RunDir)?;
         Ok(Supervisor::new(
             self.fleet.clone(),
@@ -436,12 +437,20 @@ impl Reloader {
 /// What an app's files look like now: names, sizes and modification times of
 /// the app's file, or of every file in its folder (hidden ones and files
 /// beyond 20,000 aside). A plumber file's sibling R files count too (it may
-/// `source()` them).
+/// `source()` them). An R Markdown document's app is its folder, less what
+/// rendering a document writes there (`doc.html`, `doc_files/`...): valve's
+/// own render must not look like a change.
 pub fn fingerprint(source: &AppSource) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     let mut files = Vec::new();
     match source {
         AppSource::PlumberDir(d) => walk(d, 0, &mut files),
+        AppSource::ShinyRmd { doc, .. } => {
+            if let Some(dir) = doc.parent() {
+                walk(dir, 0, &mut files);
+                files.retain(|f| !f.ancestors().take_while(|a| *a != dir).any(is_output_of_a_document));
+            }
+        }
         AppSource::Shiny(p) if p.is_dir() => walk(p, 0, &mut files),
         AppSource::PlumberFile(p) | AppSource::PlumberRds(p) | AppSource::Shiny(p) => {
             files.push(p.clone());
@@ -505,5 +514,23 @@ mod tests {
         let third = fingerprint(&app);
         std::fs::write(d.path().join(".Rhistory"), "x").unwrap();
         assert_eq!(fingerprint(&app), third, "hidden files do not count");
+    }
+
+    #[test]
+    fn rendering_a_document_does_not_change_its_fingerprint_and_editing_it_does() {
+        let d = tempfile::tempdir().unwrap();
+        let doc = d.path().join("doc.Rmd");
+        std::fs::write(&doc, "---\nruntime: shiny_prerendered\n---\n").unwrap();
+        let app = AppSource::ShinyRmd { doc: doc.clone(), runtime: crate::config::Runtime::Prerendered, folder: true };
+        let first = fingerprint(&app);
+        std::fs::write(d.path().join("doc.html"), "<html>").unwrap();
+        std::fs::create_dir_all(d.path().join("doc_files/figure-html")).unwrap();
+        std::fs::write(d.path().join("doc_files/figure-html/plot.png"), "png").unwrap();
+        assert_eq!(fingerprint(&app), first, "what a render writes");
+        std::fs::write(d.path().join("data.csv"), "x").unwrap();
+        assert_ne!(fingerprint(&app), first, "a file beside the document");
+        let second = fingerprint(&app);
+        std::fs::write(&doc, "---\nruntime: shiny_prerendered\n---\nmore").unwrap();
+        assert_ne!(fingerprint(&app), second, "the document itself");
     }
 }

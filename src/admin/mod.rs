@@ -12,7 +12,7 @@ use http::{Method, Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
 use crate::app::Fleet;
-use crate::config::Config;
+use crate::config::{AppSource, Config};
 use crate::http::reply::{error, redirect, text, ReplyBody};
 use crate::http::router::{Router, Table};
 use crate::http::server::Pages;
@@ -253,7 +253,11 @@ pub fn listing(table: &Table) -> Response<ReplyBody> {
     );
     for m in apps {
         let c = &m.config;
-        let kind = if c.is_shiny() { "Shiny app" } else { "plumber API" };
+        let kind = match &c.source {
+            AppSource::ShinyRmd { .. } => "interactive document",
+            s if s.is_shiny() => "Shiny app",
+            _ => "plumber API",
+        };
         let docs =
             if c.is_shiny() { String::new() } else { format!(" &middot; <a href=\"{}/__docs__/\">docs</a>", c.prefix) };
         body.push_str(&format!(

@@ -1,11 +1,14 @@
 //! What kind of app a path names, found exactly as R finds it:
 //! `plumber::plumb(dir = )` takes `entrypoint.R`, else `plumber.R`;
 //! `shiny::runApp(dir)` takes `server.R`, else `app.R` (no `ui.R` needed);
-//! all of them matched without regard to case, as R does.
+//! `rmarkdown::run(dir = )` takes its document (`rmd`: the one `.Rmd`, else
+//! `index.Rmd`...) when it is interactive; all of them matched without
+//! regard to case, as R does.
 
 use std::path::{Path, PathBuf};
 
 use super::error::ConfigError;
+use super::rmd::{self, Runtime};
 
 /// What valve serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,6 +21,9 @@ pub enum AppSource {
     PlumberRds(PathBuf),
     /// A Shiny app: a directory (`server.R` or `app.R`) or one file.
     Shiny(PathBuf),
+    /// An interactive R Markdown document, run as `rmarkdown::run()` runs it
+    /// (its folder is the app); `folder` when it was named by its folder.
+    ShinyRmd { doc: PathBuf, runtime: Runtime, folder: bool },
 }
 
 impl AppSource {
@@ -25,11 +31,19 @@ impl AppSource {
     pub fn path(&self) -> &Path {
         match self {
             AppSource::PlumberFile(p) | AppSource::PlumberDir(p) | AppSource::PlumberRds(p) | AppSource::Shiny(p) => p,
+            AppSource::ShinyRmd { doc, .. } => doc,
         }
     }
 
+    /// Served as a Shiny app (sticky workers, WebSockets, sessions): Shiny
+    /// apps and interactive documents.
     pub fn is_shiny(&self) -> bool {
-        matches!(self, AppSource::Shiny(_))
+        matches!(self, AppSource::Shiny(_) | AppSource::ShinyRmd { .. })
+    }
+
+    /// A `shiny_prerendered` document: rendered once before its workers start.
+    pub fn prerendered(&self) -> bool {
+        matches!(self, AppSource::ShinyRmd { runtime: Runtime::Prerendered, .. })
     }
 
     /// How the launcher runs it.
@@ -39,6 +53,8 @@ impl AppSource {
             AppSource::PlumberDir(_) => "plumber-dir",
             AppSource::PlumberRds(_) => "plumber-rds",
             AppSource::Shiny(_) => "shiny",
+            AppSource::ShinyRmd { runtime: Runtime::Shiny, .. } => "shiny-rmd",
+            AppSource::ShinyRmd { runtime: Runtime::Prerendered, .. } => "shiny-prerendered",
         }
     }
 
@@ -48,6 +64,7 @@ impl AppSource {
         match self {
             AppSource::PlumberFile(p) => p.parent().unwrap_or(Path::new("/")).to_path_buf(),
             AppSource::Shiny(p) if p.is_file() => p.parent().unwrap_or(Path::new("/")).to_path_buf(),
+            AppSource::ShinyRmd { doc, .. } => doc.parent().unwrap_or(Path::new("/")).to_path_buf(),
             AppSource::PlumberDir(d) | AppSource::Shiny(d) => d.clone(),
             AppSource::PlumberRds(_) => std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
         }
@@ -57,6 +74,8 @@ impl AppSource {
     pub fn default_name(&self) -> String {
         let name = match self {
             AppSource::PlumberFile(p) | AppSource::PlumberRds(p) => p.file_stem(),
+            AppSource::ShinyRmd { doc, folder: false, .. } => doc.file_stem(),
+            AppSource::ShinyRmd { doc, folder: true, .. } => doc.parent().and_then(Path::file_name),
             AppSource::Shiny(p) if p.is_file() => p.parent().and_then(Path::file_name),
             AppSource::PlumberDir(p) | AppSource::Shiny(p) => p.file_name(),
         };
@@ -93,11 +112,17 @@ pub fn resolve(path: &Path, what: &str) -> Result<AppSource, ConfigError> {
             (AppSource::PlumberDir(abs), file)
         } else if let Some(file) = find_ci(&abs, "server.R").or_else(|| find_ci(&abs, "app.R")) {
             (AppSource::Shiny(abs), file)
+        } else if let Some(doc) = rmd::document_of(&abs)? {
+            let runtime = rmd::interactive(&doc)?;
+            (AppSource::ShinyRmd { doc: doc.clone(), runtime, folder: true }, doc)
         } else {
             return Err(ConfigError::EmptyDir(shown));
         }
     } else if abs.extension().is_some_and(|e| e.eq_ignore_ascii_case("rds")) {
         (AppSource::PlumberRds(abs.clone()), abs)
+    } else if rmd::is_rmd(&abs) {
+        let runtime = rmd::interactive(&abs)?;
+        (AppSource::ShinyRmd { doc: abs.clone(), runtime, folder: false }, abs)
     } else if is_shiny_file(&abs) {
         (AppSource::Shiny(abs.clone()), abs)
     } else {
@@ -160,6 +185,30 @@ mod tests {
         let app = resolve(&d.path().join("router.rds"), "-f").unwrap();
         assert_eq!(app.kind(), "plumber-rds");
         assert_eq!(app.default_name(), "router");
+    }
+
+    #[test]
+    fn interactive_documents_are_found_in_folders_and_as_files() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("INDEX.rmd"), "---\nruntime: shiny_prerendered\n---\n").unwrap();
+        let app = resolve(d.path(), "-f").unwrap();
+        assert_eq!(app.kind(), "shiny-prerendered");
+        assert!(app.is_shiny() && app.prerendered());
+        assert_eq!(app.default_name(), d.path().file_name().unwrap().to_string_lossy(), "named by its folder");
+        assert_eq!(app.workdir(), std::fs::canonicalize(d.path()).unwrap());
+        std::fs::write(d.path().join("report.Rmd"), "---\nruntime: shiny\n---\n").unwrap();
+        let app = resolve(&d.path().join("report.Rmd"), "-f").unwrap();
+        assert_eq!((app.kind(), app.default_name().as_str(), app.prerendered()), ("shiny-rmd", "report", false));
+        std::fs::write(d.path().join("app.R"), "").unwrap();
+        assert_eq!(resolve(d.path(), "-f").unwrap().kind(), "shiny", "an app.R beside a document wins");
+    }
+
+    #[test]
+    fn a_static_document_is_no_app() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("notes.Rmd"), "---\ntitle: notes\n---\n").unwrap();
+        assert!(matches!(resolve(&d.path().join("notes.Rmd"), "-f"), Err(ConfigError::NotInteractive(_))));
+        assert!(matches!(resolve(d.path(), "-f"), Err(ConfigError::NotInteractive(_))));
     }
 
     #[test]

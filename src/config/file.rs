@@ -267,7 +267,7 @@ impl<'a> Cx<'a> {
                 self.at(
                     app.span(),
                     format!(
-                        "app {ordinal} has no `file`: name its plumber file or folder, or its Shiny app folder (relative to the config file's folder)"
+                        "app {ordinal} has no `file`: name its plumber file or folder, its Shiny app folder or its interactive R Markdown document (relative to the config file's folder)"
                     ),
                 );
                 None

@@ -6,9 +6,11 @@
 //! `Config` is what valve will do, and the conversion says what is wrong with
 //! the first before anything binds a port or starts R.
 //!
-//! Its files, from the bottom: `error` (refusals and units), `discover`
-//! (what kind of app a path is), `model` (the checked `Config`, app names
-//! and prefixes, valve's own admin path), `problems` (a config file's
+//! Its files, from the bottom: `error` (refusals and units), `rmd`
+//! (interactive R Markdown: front matter, a folder's document, what a
+//! render writes), `discover` (what kind of app a path is), `model` (the
+//! checked `Config`, app names and prefixes, valve's own admin path),
+//! `problems` (a config file's
 //! problems with line and column), `keys` (the names of its settings),
 //! `site` (`--site`), `flags` (clap), `file` (the TOML reader), `source`
 //! (where a configuration comes from, for reloads).
@@ -20,6 +22,7 @@ mod flags;
 mod keys;
 mod model;
 mod problems;
+mod rmd;
 mod site;
 mod source;
 
@@ -28,4 +31,5 @@ pub use error::{parse_seconds, parse_size, ConfigError};
 pub use flags::Args;
 pub use model::{is_admin_path, normal_prefix, valid_name, AppConfig, Config, Server, Transport, ADMIN_PREFIX};
 pub use problems::{Problem, Problems};
+pub use rmd::{is_output_of_a_document, Runtime};
 pub use source::{LoadError, Source};

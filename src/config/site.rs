@@ -7,8 +7,8 @@ use super::discover::{self, AppSource};
 use super::error::ConfigError;
 use super::model::{valid_name, AppConfig};
 
-/// A folder of apps (`--site DIR`): each sub-folder holding a plumber API or a
-/// Shiny app, served at `/<folder>` with the flags' settings. Folders that
+/// A folder of apps (`--site DIR`): each sub-folder holding a plumber API, a
+/// Shiny app or an interactive R Markdown document, served at `/<folder>` with the flags' settings. Folders that
 /// hold no app, hidden ones and names that are not plain URL segments are
 /// skipped (and said so in `notes`).
 pub(super) fn site(
@@ -42,7 +42,13 @@ pub(super) fn site(
             Ok(source) => apps.push(template(source, name.clone(), format!("/{name}"))?),
             Err(ConfigError::EmptyDir(_)) => {
                 notes.push(format!(
-                    "--site: skipping {}: it holds no plumber.R, entrypoint.R, app.R or server.R",
+                    "--site: skipping {}: it holds no plumber.R, entrypoint.R, app.R, server.R or R Markdown document",
+                    folder.display()
+                ));
+            }
+            Err(ConfigError::NotInteractive(doc)) => {
+                notes.push(format!(
+                    "--site: skipping {}: its document {doc} has no `runtime: shiny` or `runtime: shiny_prerendered` in its front matter",
                     folder.display()
                 ));
             }

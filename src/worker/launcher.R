@@ -1,8 +1,12 @@
 # valve worker launcher. valve carries this file inside its binary, writes it to
 # its private run directory and starts `R --file=` on it.
 #
-# VALVE_APP_KIND: plumber-file, plumber-dir, plumber-rds (a saved router) or shiny.
+# VALVE_APP_KIND: plumber-file, plumber-dir, plumber-rds (a saved router), shiny,
+#   shiny-rmd or shiny-prerendered (an interactive R Markdown document: VALVE_APP
+#   is the document, run as `rmarkdown::run()` runs it, as Shiny Server does).
 # VALVE_MODE=plain: load the API and serve it.
+# VALVE_MODE=render: render a shiny-prerendered document once, before valve
+#   starts its workers, and exit (workers never render it themselves).
 # VALVE_MODE=preload: load the API (or the Shiny app) once, then fork a worker
 #   for each line `fork ID SOCKET FIFO` valve writes on stdin; exit when stdin closes.
 # VALVE_TRANSPORT (plumber only; Shiny always uses httpuv):
@@ -14,7 +18,8 @@
 # Each worker serves the API exactly as `library(plumber); pr_run(pr(file))`
 # would, but only valve can reach it.
 # Exit codes valve understands: 3 = a required R package is missing,
-# 4 = the API failed to load (R's message is on stderr).
+# 4 = the API failed to load (R's message is on stderr), 5 = the document
+# could not be rendered (the last line on stderr is `valve-render-failed: MESSAGE`).
 local({
   mode <- Sys.getenv("VALVE_MODE", "plain")
   app_path <- Sys.getenv("VALVE_APP")
@@ -26,8 +31,9 @@ local({
     cat("valve: ", ..., "\n", file = stderr(), sep = "")
     quit(save = "no", status = status)
   }
-  shiny <- identical(app_kind, "shiny")
-  for (pkg in c(if (shiny) "shiny" else "plumber", "httpuv")) {
+  rmd <- app_kind %in% c("shiny-rmd", "shiny-prerendered")
+  shiny <- identical(app_kind, "shiny") || rmd
+  for (pkg in c(if (shiny) "shiny" else "plumber", "httpuv", if (rmd) "rmarkdown")) {
     if (!requireNamespace(pkg, quietly = TRUE)) {
       fail(3, "the R package '", pkg, "' is not installed for R ", as.character(getRversion()),
            " (library paths: ", paste(.libPaths(), collapse = ", "), ")")
@@ -128,6 +134,41 @@ local({
     }
   }
 
+  # A shiny_prerendered document, rendered once by valve before any worker
+  # starts, the way rmarkdown::run() would render it (to doc.html beside it,
+  # in a new environment whose parent is the global one). A folder valve
+  # cannot write to keeps the HTML it holds, as rmarkdown::run() does, and so
+  # does RMARKDOWN_RUN_PRERENDER=0 (the HTML was rendered beforehand).
+  if (identical(mode, "render")) {
+    html <- file.path(dirname(app_path), paste0(tools::file_path_sans_ext(basename(app_path)), ".html"))
+    keep <- identical(Sys.getenv("RMARKDOWN_RUN_PRERENDER"), "0") || file.access(dirname(app_path), 2) != 0
+    if (keep) {
+      if (!file.exists(html)) {
+        fail(5, "valve-render-failed: ", html, " does not exist and cannot be rendered here (",
+             if (identical(Sys.getenv("RMARKDOWN_RUN_PRERENDER"), "0")) "RMARKDOWN_RUN_PRERENDER=0" else "the folder is read-only",
+             "): render it beforehand with rmarkdown::render()")
+      }
+      cat("valve-render: kept ", html, "\n", sep = "")
+      quit(save = "no", status = 0)
+    }
+    where <- NULL
+    rendered <- tryCatch(
+      withCallingHandlers(
+        rmarkdown::render(app_path, envir = new.env(parent = globalenv()), quiet = TRUE),
+        message = function(m) {
+          # knitr says which chunk failed as a message before the error.
+          if (grepl("^Quitting from lines", conditionMessage(m))) where <<- trimws(conditionMessage(m))
+        }
+      ),
+      error = function(e) {
+        msg <- gsub("\\s+", " ", trimws(conditionMessage(e)))
+        fail(5, "valve-render-failed: ", msg, if (length(where)) paste0(" (knitr: ", where, ")"))
+      }
+    )
+    cat("valve-render: rendered ", rendered, "\n", sep = "")
+    quit(save = "no", status = 0)
+  }
+
   if (shiny) {
     # Shiny serves a domain socket itself when `port` is a path with a `mask`.
     suppressPackageStartupMessages(library(shiny))
@@ -153,7 +194,18 @@ local({
       })
       lockBinding("startPipeServer", imports)
     }
-    shiny::runApp(app_path, port = socket, launch.browser = FALSE, quiet = TRUE)
+    if (rmd) {
+      # As Shiny Server runs a document: rmarkdown::run() on its folder, the
+      # document as the default, no auto-reload (valve reloads), and the port
+      # passed through to shiny::runApp(). A prerendered document was rendered
+      # by valve already: rmarkdown must not render it again in each worker.
+      if (identical(app_kind, "shiny-prerendered")) Sys.setenv(RMARKDOWN_RUN_PRERENDER = "0")
+      rmarkdown::run(file = NULL, dir = dirname(app_path), default_file = basename(app_path),
+                     shiny_args = list(port = socket, launch.browser = FALSE, quiet = TRUE),
+                     render_args = list(envir = globalenv()), auto_reload = FALSE)
+    } else {
+      shiny::runApp(app_path, port = socket, launch.browser = FALSE, quiet = TRUE)
+    }
     quit(save = "no")
   }
 

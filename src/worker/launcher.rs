@@ -1,15 +1,20 @@
 //! `RLauncher`: the real `Launch`, starting plain R processes (`spawn`) or
 //! forks of a preloaded parent (`fork`), each with its connector (frames or
-//! the worker's Unix socket).
+//! the worker's Unix socket), after the one render a `shiny_prerendered`
+//! document needs (`render`).
 
 use std::io;
 use std::process::Stdio;
 use std::sync::Arc;
 
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+
 use super::conn::{Connect, SocketConnector};
 use super::fork;
 use super::output::{self, Tail};
 use super::process::{Launch, Launched, Process, StartError};
+use super::render;
 use super::spawn::{Plain, Spawner, Spec};
 use super::wire::{BoxFuture, WorkerId};
 
@@ -18,18 +23,29 @@ pub struct RLauncher {
     spec: Arc<Spec>,
     spawner: Spawner,
     forks: Option<fork::ForkServer>,
+    /// The document's one render (`shiny_prerendered` only), and its outcome.
+    rendered: OnceCell<Result<(), render::Failed>>,
+    /// Stops a render still running when the generation shuts down.
+    stop: CancellationToken,
 }
 
 impl RLauncher {
     /// Must be called inside the tokio runtime that will own the workers.
     pub fn new(spec: Spec, preload: bool) -> io::Result<Self> {
-        Ok(RLauncher { spec: Arc::new(spec), spawner: Spawner::new()?, forks: preload.then(fork::ForkServer::new) })
+        Ok(RLauncher {
+            spec: Arc::new(spec),
+            spawner: Spawner::new()?,
+            forks: preload.then(fork::ForkServer::new),
+            rendered: OnceCell::new(),
+            stop: CancellationToken::new(),
+        })
     }
 }
 
 impl Launch for RLauncher {
     fn launch(&self, id: WorkerId) -> BoxFuture<'_, Result<Launched, StartError>> {
         Box::pin(async move {
+            self.prepare().await?;
             let socket = self.spec.socket_path(id);
             let _ = std::fs::remove_file(&socket);
             // A frames worker's hello is expected before the worker can say it.
@@ -54,8 +70,19 @@ impl Launch for RLauncher {
         })
     }
 
+    fn prepare(&self) -> BoxFuture<'_, Result<(), StartError>> {
+        Box::pin(async move {
+            if !self.spec.app.prerendered() {
+                return Ok(());
+            }
+            let outcome = self.rendered.get_or_init(|| render::prerender(&self.spec, &self.spawner, &self.stop)).await;
+            outcome.clone().map_err(|failed| failed.error(&self.spec))
+        })
+    }
+
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
+            self.stop.cancel();
             if let Some(forks) = &self.forks {
                 forks.shutdown().await;
             }

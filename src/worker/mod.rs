@@ -18,8 +18,9 @@
 //! `output` (a worker's output as log lines), `frames` (valve's own
 //! protocol: `link` under `conn`, `hub` over it), `conn` (a connection of
 //! either transport), `process` (the interfaces and /proc), `reap`,
-//! `spawn` (plain workers), `fork` (`--preload`), `launcher` (`RLauncher`),
-//! `watch` (a serving worker's exit, stops and samples).
+//! `spawn` (plain workers), `render` (a `shiny_prerendered` document's one
+//! render, before its workers), `fork` (`--preload`), `launcher`
+//! (`RLauncher`), `watch` (a serving worker's exit, stops and samples).
 
 mod conn;
 mod fork;
@@ -28,6 +29,7 @@ mod launcher;
 mod output;
 mod process;
 pub mod reap;
+mod render;
 mod spawn;
 pub mod watch;
 mod wire;
@@ -36,6 +38,8 @@ pub use conn::{connect, probe, Conn, Connect, SocketConnector};
 pub use frames::FrameHub;
 pub use launcher::RLauncher;
 pub use output::Tail;
-pub use process::{cpu_time, private_bytes, rss_bytes, Exit, Launch, Launched, MemoryProbe, Process, StartError, Stop};
+pub use process::{
+    cpu_time, private_bytes, rss_bytes, Exit, Launch, Launched, MemoryProbe, Process, RenderError, StartError, Stop,
+};
 pub use spawn::{run_dir, Spec};
 pub use wire::{AnswerBody, BoxFuture, ClientAddrs, Park, Parking, SendError, Spooled, WireBody, WorkerId};

@@ -79,6 +79,21 @@ pub enum StartError {
     Timeout(Duration, Vec<String>),
     #[error("cannot start worker: {0}")]
     Io(#[from] io::Error),
+    #[error("rendering {} failed: {}", .0.doc, .0.message)]
+    Render(Box<RenderError>),
+}
+
+/// Why a `shiny_prerendered` document could not be rendered before its workers started.
+#[derive(Debug)]
+pub struct RenderError {
+    /// The document.
+    pub doc: String,
+    /// knitr's, pandoc's or R's message (with where knitr stopped).
+    pub message: String,
+    /// The render process's exit code (3: a package is missing).
+    pub code: Option<i32>,
+    /// Its last lines of output.
+    pub tail: Vec<String>,
 }
 
 impl StartError {
@@ -86,13 +101,18 @@ impl StartError {
     pub fn tail(&self) -> &[String] {
         match self {
             StartError::Exited { tail, .. } | StartError::Timeout(_, tail) => tail,
+            StartError::Render(r) => &r.tail,
             _ => &[],
         }
     }
 
     /// Whether the failure is in the set-up (R or a package missing) rather than in one worker.
     pub fn missing_package(&self) -> bool {
-        matches!(self, StartError::Exited { code: Some(3), .. })
+        match self {
+            StartError::Exited { code, .. } => *code == Some(3),
+            StartError::Render(r) => r.code == Some(3),
+            _ => false,
+        }
     }
 }
 
@@ -100,6 +120,12 @@ impl StartError {
 pub trait Launch: Send + Sync {
     /// Launches worker `id`. It is not ready until `Process::ready` says so.
     fn launch(&self, id: WorkerId) -> BoxFuture<'_, Result<Launched, StartError>>;
+    /// What must happen once before the first worker of this generation
+    /// starts (a `shiny_prerendered` document's render); `launch` waits for
+    /// it too. Called when a generation starts, so a failure is a start-up error.
+    fn prepare(&self) -> BoxFuture<'_, Result<(), StartError>> {
+        Box::pin(async { Ok(()) })
+    }
     /// Stops whatever the launcher keeps besides workers (a preload parent).
     fn shutdown(&self) -> BoxFuture<'_, ()>;
 }

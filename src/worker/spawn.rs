@@ -63,6 +63,8 @@ pub struct Spec {
     pub public_port: u16,
     /// Extra environment for the app's workers (`env = { ... }` in a config file).
     pub env: Vec<(String, String)>,
+    /// The longest a `shiny_prerendered` document's one render may take.
+    pub render_timeout: Duration,
     run_dir: Arc<tempfile::TempDir>,
     launcher: PathBuf,
     /// Set when plumber workers are reached over frames (else httpuv).
@@ -88,7 +90,17 @@ impl Spec {
         public_port: u16,
     ) -> Self {
         let launcher = run_dir.path().join("launcher.R");
-        Spec { r_bin, app, public_host, public_port, env, run_dir, launcher, frames: None }
+        Spec {
+            r_bin,
+            app,
+            public_host,
+            public_port,
+            env,
+            render_timeout: Duration::from_secs(120),
+            run_dir,
+            launcher,
+            frames: None,
+        }
     }
 
     /// Workers of this app are reached over frames through `hub` (plumber

@@ -14,6 +14,7 @@ mod placement;
 mod preload;
 mod reconnect;
 mod reliability;
+mod rmarkdown;
 mod rules;
 mod scaling;
 mod shiny;

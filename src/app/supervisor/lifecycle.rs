@@ -16,10 +16,12 @@ use crate::worker::StartError;
 const TICK: Duration = Duration::from_secs(1);
 
 impl Supervisor {
-    /// Starts `n_min` workers and waits until all of them answer. The first
-    /// failure is returned (with R's output); nothing is restarted before the
-    /// app has been ready once.
+    /// Prepares the generation (a prerendered document's one render), starts
+    /// `n_min` workers and waits until all of them answer. The first failure
+    /// is returned (with R's output); nothing is restarted before the app has
+    /// been ready once.
     pub async fn start(self: &Arc<Self>) -> Result<(), StartError> {
+        self.launcher.prepare().await?;
         let ids = match self.with_growth(|_, _| ()) {
             Some((_, after)) => after.starts.into_iter().flat_map(|(_, s)| s.ids).collect(),
             None => Vec::new(),
