@@ -455,8 +455,16 @@ impl Forwarder {
                             Some(src) => match body.collect().await {
                                 Ok(page) => {
                                     let page = page.to_bytes();
-                                    let page = resume::inject(&page, &src).map(bytes::Bytes::from).unwrap_or(page);
                                     let mut parts = parts;
+                                    let page = match resume::inject(&page, &src) {
+                                        Some(tagged) => {
+                                            // Another body than R's: R's validators no longer name it.
+                                            parts.headers.remove(header::ETAG);
+                                            parts.headers.remove(header::ACCEPT_RANGES);
+                                            bytes::Bytes::from(tagged)
+                                        }
+                                        None => page,
+                                    };
                                     parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(page.len()));
                                     answer(parts, ReplyBody::text(page))
                                 }
@@ -522,12 +530,17 @@ fn answer(mut parts: http::response::Parts, body: ReplyBody) -> Response<ReplyBo
 
 /// The script's `src` if this answer is a Shiny page valve adds it to:
 /// 200, HTML, not compressed, of a known length within `resume::MAX_PAGE`.
+/// Not a download (`Content-Disposition`), not marked `no-transform`.
 fn with_script(parts: &http::response::Parts, inner: &str) -> Option<String> {
     let h = &parts.headers;
-    let html = h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|t| t.starts_with("text/html"));
-    let plain = h.get(header::CONTENT_ENCODING).is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
+    let text = |name| h.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
+    let html = text(header::CONTENT_TYPE).is_some_and(|t| t.starts_with("text/html"));
+    let plain = text(header::CONTENT_ENCODING).is_none_or(|v| v.eq_ignore_ascii_case("identity"));
     let small = declared_length(h).is_some_and(|n| n <= resume::MAX_PAGE);
-    (parts.status == StatusCode::OK && html && plain && small).then(|| resume::script_src(inner))
+    let download = h.contains_key(header::CONTENT_DISPOSITION);
+    let untouchable = text(header::CACHE_CONTROL).is_some_and(|v| v.to_ascii_lowercase().contains("no-transform"));
+    (parts.status == StatusCode::OK && html && plain && small && !download && !untouchable)
+        .then(|| resume::script_src(inner))
 }
 
 /// A bodyless GET, HEAD or OPTIONS, which R can safely be asked twice.

@@ -216,6 +216,8 @@ pub async fn run(
     }
     drop(listener);
     connections.close();
+    // No browser can come back to this valve now: sessions held for one end.
+    front.forwarder.resumes.draining();
     let deadline = tokio::time::Instant::now() + grace;
     let drained = tokio::select! {
         _ = connections.wait() => {

@@ -433,3 +433,21 @@ async fn shinys_own_examples_come_back_to_the_same_session_after_a_blip() {
         page.close().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_draining_valve_ends_the_sessions_whose_browsers_are_away_at_once() {
+    // Its listener is closed: a browser away cannot come back to this valve,
+    // so its session does not hold the drain for the grace period.
+    let mut valve = Valve::start(&["-f", &app(), "--no-access-log", "--drain-delay", "0", "--graceful-timeout", "120"]);
+    let proxy = Cuttable::start(&valve.url).await;
+    let page = Page::open(&proxy.url).await;
+    proxy.set_down(true);
+    wait_until("the browser counted away", Duration::from_secs(30), || {
+        metric(&valve, "valve_shiny_connections_dropped_total{app=\"shiny_reconnect\"}") >= 1.0
+    });
+    valve.signal(libc::SIGTERM);
+    let status = valve.wait_exit(Duration::from_secs(60));
+    assert!(status.success(), "valve drained cleanly: {status:?}\n{}", valve.log());
+    assert!(!valve.log().contains("closing the Shiny sessions still open"), "nothing was left for the grace's end");
+    page.close().await;
+}

@@ -33,9 +33,15 @@ pub fn script_src(inner: &str) -> String {
 }
 
 /// The page with the script's tag before its first `</head>` (any case), or
-/// `None` if it has no `</head>`.
+/// `None` if it has no `</head>` or its head loads no Shiny client
+/// (`shiny.js` or `shiny.min.js`): an HTML file the app serves is left as it is.
 pub fn inject(html: &[u8], src: &str) -> Option<Vec<u8>> {
     let at = html.windows(7).position(|w| w.eq_ignore_ascii_case(b"</head>"))?;
+    let head = &html[..at];
+    let shiny = [&b"shiny.js"[..], b"shiny.min.js"].iter().any(|name| head.windows(name.len()).any(|w| w == *name));
+    if !shiny {
+        return None;
+    }
     let tag = format!("<script src=\"{src}\"></script>\n");
     let mut page = Vec::with_capacity(html.len() + tag.len());
     page.extend_from_slice(&html[..at]);
@@ -57,6 +63,15 @@ mod tests {
         );
         assert_eq!(inject(b"<html><body>no head</body></html>", "x.js"), None);
         assert_eq!(inject(b"", "x.js"), None);
+    }
+
+    #[test]
+    fn only_a_page_that_loads_shinys_client_gets_the_tag() {
+        let shiny = b"<head><script src=\"shiny-javascript-1.7.4/shiny.min.js\"></script></head>";
+        assert!(inject(shiny, "x.js").is_some());
+        assert!(inject(b"<head><script src=\"shared/shiny.js\"></script></head>", "x.js").is_some());
+        // A report the app offers for download, or any other HTML it serves.
+        assert_eq!(inject(b"<html><head><title>report</title></head><body>shiny.js</body></html>", "x.js"), None);
     }
 
     #[test]

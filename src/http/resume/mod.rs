@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::app::Supervisor;
-use crate::http::reply::ReplyBody;
+use crate::http::reply::{error, ReplyBody};
 use crate::worker::WorkerId;
 
 pub use bound::Bounds;
@@ -50,6 +50,16 @@ const RESTART: &str = "valve-restart";
 
 /// How long a resume socket may take to say which session it wants.
 const HELLO_WAIT: Duration = Duration::from_secs(10);
+/// Resume sockets that have not said which session they want, at most;
+/// past it, a resume is answered 503 (each may hold `BROWSER_MESSAGE` bytes).
+const HELLOS_WAITING: usize = 16;
+/// The largest message a browser may send (Shiny's inputs; uploads are HTTP).
+const BROWSER_MESSAGE: usize = 8 << 20;
+/// The largest message a worker may send.
+const WORKER_MESSAGE: usize = 64 << 20;
+/// How long a resume may wait for its session to take it (a session busy
+/// writing to an R that does not read).
+const ATTACH_WAIT: Duration = Duration::from_secs(10);
 
 /// What a WebSocket upgrade asks of valve.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,11 +116,29 @@ pub struct Resumes {
     held: Arc<Held>,
     tasks: TaskTracker,
     close: CancellationToken,
+    /// Fired when valve drains: no browser can come back to it any more.
+    drain: CancellationToken,
+    /// Resume sockets waiting for their hello.
+    hellos: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Resumes {
     pub fn new(bounds: Bounds, tasks: TaskTracker, close: CancellationToken) -> Self {
-        Resumes { table: Mutex::new(HashMap::new()), held: Arc::new(Held::new(bounds)), tasks, close }
+        Resumes {
+            table: Mutex::new(HashMap::new()),
+            held: Arc::new(Held::new(bounds)),
+            tasks,
+            close,
+            drain: CancellationToken::new(),
+            hellos: Arc::default(),
+        }
+    }
+
+    /// valve stops accepting connections: sessions whose browser is away end
+    /// now (it cannot come back here); attached ones serve on until the drain
+    /// closes them (4700: their pages start anew elsewhere).
+    pub fn draining(&self) {
+        self.drain.cancel();
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
@@ -133,8 +161,8 @@ impl Resumes {
         let resumes = self.clone();
         self.tasks.spawn(async move {
             let (Ok(client), Ok(worker)) = tokio::join!(client, worker) else { return };
-            let client = socket(client, Role::Server).await;
-            let worker = socket(worker, Role::Client).await;
+            let client = socket(client, Role::Server, BROWSER_MESSAGE).await;
+            let worker = socket(worker, Role::Client, WORKER_MESSAGE).await;
             sup.session(id, true, Some(browser));
             if restart {
                 sup.metrics.reconnects.restarted();
@@ -150,6 +178,7 @@ impl Resumes {
                 worker_id: id,
                 held: resumes.held.clone(),
                 close: resumes.close.clone(),
+                drain: resumes.drain.clone(),
             };
             session.run(worker, client, &token, attached).await;
             resumes.table().remove(&sid);
@@ -161,11 +190,20 @@ impl Resumes {
     /// asked), then hands the socket to its session if it names one of
     /// `app`'s with the right secret, else closes it with 4700.
     pub fn resume(self: &Arc<Self>, client: OnUpgrade, key: &HeaderValue, sup: Arc<Supervisor>) -> Response<ReplyBody> {
+        use std::sync::atomic::Ordering;
+        if self.hellos.fetch_add(1, Ordering::Relaxed) >= HELLOS_WAITING {
+            self.hellos.fetch_sub(1, Ordering::Relaxed);
+            let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, "too many reconnects at once; try again");
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return resp;
+        }
         let resumes = self.clone();
+        let waiting = Waiting(self.hellos.clone());
         self.tasks.spawn(async move {
             let Ok(client) = client.await else { return };
-            let mut ws = socket(client, Role::Server).await;
+            let mut ws = socket(client, Role::Server, BROWSER_MESSAGE).await;
             let hello = tokio::time::timeout(HELLO_WAIT, futures_util::StreamExt::next(&mut ws)).await;
+            drop(waiting);
             let said = match hello {
                 Ok(Some(Ok(msg))) => wire::parse(msg).ok().flatten(),
                 _ => None,
@@ -177,21 +215,32 @@ impl Resumes {
                 close_with(ws, session::GONE, "no such session").await;
                 return;
             };
-            let attach = resumes
-                .table()
-                .get(&sid)
-                .filter(|e| e.app == *app && same_secret(&e.token, &token))
-                .map(|e| e.attach.clone());
-            let refused = match attach {
-                Some(attach) => match attach.send(Attach { socket: ws, last }).await {
+            // A session id is 24 hex digits; anything else names none (and is not logged).
+            let plausible = sid.len() == 24 && sid.bytes().all(|b| b.is_ascii_hexdigit());
+            let attach = plausible
+                .then(|| {
+                    resumes
+                        .table()
+                        .get(&sid)
+                        .filter(|e| e.app == *app && same_secret(&e.token, &token))
+                        .map(|e| e.attach.clone())
+                })
+                .flatten();
+            if let Some(attach) = attach {
+                match attach.send_timeout(Attach { socket: ws, last }, ATTACH_WAIT).await {
                     Ok(()) => return,
-                    Err(back) => back.0.socket,
-                },
-                None => ws,
-            };
-            tracing::info!(app = %app, session = %sid, "a resume named no open session of this app with that secret; the browser starts a new session");
+                    Err(mpsc::error::SendTimeoutError::Timeout(back) | mpsc::error::SendTimeoutError::Closed(back)) => {
+                        // The session ended meanwhile (or is stuck): start anew.
+                        sup.metrics.reconnects.refused();
+                        close_with(back.socket, session::GONE, "no such session").await;
+                        return;
+                    }
+                }
+            }
+            tracing::debug!(app = %app, session = %if plausible { sid.as_str() } else { "(not an id)" },
+                "a resume named no open session of this app with that secret; the browser starts a new session");
             sup.metrics.reconnects.refused();
-            close_with(refused, session::GONE, "no such session").await;
+            close_with(ws, session::GONE, "no such session").await;
         });
         let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
         let mut resp = Response::new(ReplyBody::Empty);
@@ -207,10 +256,19 @@ impl Resumes {
     }
 }
 
-/// A WebSocket over an upgraded connection.
-async fn socket(io: hyper::upgrade::Upgraded, role: Role) -> Ws {
-    let config = WebSocketConfig::default().max_message_size(Some(64 << 20)).max_frame_size(Some(64 << 20));
+/// A WebSocket over an upgraded connection, taking messages up to `max` bytes.
+async fn socket(io: hyper::upgrade::Upgraded, role: Role, max: usize) -> Ws {
+    let config = WebSocketConfig::default().max_message_size(Some(max)).max_frame_size(Some(max));
     WebSocketStream::from_raw_socket(TokioIo::new(io), role, Some(config)).await
+}
+
+/// Counts a resume socket waiting for its hello while it lives.
+struct Waiting(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// `n` random bytes from the OS, in hex.

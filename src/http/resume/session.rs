@@ -57,6 +57,8 @@ pub struct Session {
     pub held: Arc<Held>,
     /// Fired when valve stops holding sessions (the drain gave up).
     pub close: tokio_util::sync::CancellationToken,
+    /// Fired when valve drains: a browser away now cannot come back here.
+    pub drain: tokio_util::sync::CancellationToken,
 }
 
 /// How the loop ended, and what the browser is told.
@@ -111,12 +113,18 @@ impl Session {
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             tokio::select! {
                 _ = self.close.cancelled() => break End::Because(SessionEnd::Shutdown),
+                _ = self.drain.cancelled(), if browser.is_none() => break End::Because(SessionEnd::Shutdown),
                 msg = worker.next() => {
                     let payload = match msg {
                         Some(Ok(Message::Text(t))) => Payload::Text(t.to_string()),
                         Some(Ok(Message::Binary(b))) => Payload::Binary(b),
                         Some(Ok(Message::Close(_))) => break End::Closed,
                         Some(Ok(_)) => continue,
+                        Some(Err(tokio_tungstenite::tungstenite::Error::Capacity(e))) => {
+                            tracing::warn!(app = %app, session = %self.sid, error = %e,
+                                "the app sent a WebSocket message larger than valve takes (64 MiB); ending the session");
+                            break End::Because(SessionEnd::Overflow);
+                        }
                         None | Some(Err(_)) => break End::Because(SessionEnd::Worker),
                     };
                     let len = payload.len();
@@ -175,7 +183,13 @@ impl Session {
                     match said {
                         FromBrowser::Data { seq, payload } => match inbox.arrive(seq) {
                             Arrival::Next => {
-                                if worker.send(payload.plain()).await.is_err() {
+                                // R may not read for a while (a long computation): valve
+                                // waits, but never past its own shutdown.
+                                let sent = tokio::select! {
+                                    sent = worker.send(payload.plain()) => sent.is_ok(),
+                                    _ = self.close.cancelled() => break End::Because(SessionEnd::Shutdown),
+                                };
+                                if !sent {
                                     break End::Because(SessionEnd::Worker);
                                 }
                                 unacked += 1;
@@ -228,17 +242,16 @@ impl Session {
                         metrics.reconnects.buffered(-(freed as i64));
                     }
                     browser = Some(back.socket);
-                    if self.send(&mut browser, wire::welcome(inbox.last, window_ms)).await {
-                        for m in resend {
-                            if !self.send(&mut browser, m).await {
-                                break;
-                            }
-                        }
+                    let mut welcomed = self.send(&mut browser, wire::welcome(inbox.last, window_ms)).await;
+                    for m in resend {
+                        welcomed = welcomed && self.send(&mut browser, m).await;
                     }
-                    let was_away = away.take().map(|t| t.elapsed()).unwrap_or_default();
                     (unacked, ack_at, heard) = (0, None, Instant::now());
-                    metrics.reconnects.resumed(was_away);
-                    tracing::debug!(app = %app, session = %self.sid, away_s = was_away.as_secs_f64(), "a browser came back to its Shiny session");
+                    if welcomed {
+                        let was_away = away.take().map(|t| t.elapsed()).unwrap_or_default();
+                        metrics.reconnects.resumed(was_away);
+                        tracing::debug!(app = %app, session = %self.sid, away_s = was_away.as_secs_f64(), "a browser came back to its Shiny session");
+                    }
                 }
                 _ = tokio::time::sleep_until(deadline) => {
                     let now = Instant::now();
