@@ -338,3 +338,13 @@ async fn a_reload_adds_and_removes_a_static_app_and_its_edits_need_none() {
     assert_eq!(get(&valve.get("/api/pid"), &[]).await.status(), 200);
     assert_eq!(valve.r_processes(), workers, "the API's worker, the same one, and no other R");
 }
+
+#[test]
+fn the_readmes_example_site_holds_an_api_and_static_docs() {
+    let site = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/site");
+    let out =
+        Command::new(crate::harness::valve_bin()).args(["--site", site.to_str().unwrap(), "--check"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("api at /api (plumber-dir, 1-3 workers); docs at /docs (static, no R)"), "{said}");
+}
