@@ -1,5 +1,5 @@
 //! valve: one port in front of pools of R worker processes running plumber
-//! APIs and Shiny apps.
+//! APIs and Shiny apps (and static content, served by valve itself).
 //!
 //! Module map (see ARCHITECTURE.md for the invariants between them):
 //! - `config`: flags and `VALVE_*` variables in, a checked `Config` out.
@@ -156,7 +156,7 @@ pub async fn run(
     for note in &config.notes {
         tracing::info!("{note}");
     }
-    for app in &config.apps {
+    for app in config.apps.iter().filter(|a| !a.is_static()) {
         tracing::info!(app = %app.name, path = %app.source.path().display(), mount = %app.prefix, workers = app.n_min,
             preload = app.preload, "starting workers");
     }

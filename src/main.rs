@@ -123,14 +123,13 @@ fn summary(config: &Config) -> String {
         .apps
         .iter()
         .map(|a| {
+            let workers = if a.is_static() { "no R".to_string() } else { format!("{}-{} workers", a.n_min, a.n_max) };
             format!(
-                "{} at {}{} ({}, {}-{} workers)",
+                "{} at {}{} ({}, {workers})",
                 a.name,
                 a.hostname.as_deref().unwrap_or(""),
                 a.prefix,
-                a.source.kind(),
-                a.n_min,
-                a.n_max
+                a.source.kind()
             )
         })
         .collect();
@@ -179,19 +178,23 @@ fn announce(config: &Config, serving: &Serving) {
         .iter()
         .map(|a| {
             let base = if a.prefix == "/" { format!("{url}/") } else { format!("{url}{}/", a.prefix) };
-            let docs = (!a.is_shiny()).then(|| format!("{base}__docs__/"));
-            tracing::info!(
-                "valve: serving {} on {base} with {} worker(s), up to {}{}",
-                a.source.path().display(),
-                a.n_min,
-                a.n_max,
-                docs.as_deref().map(|d| format!(" (docs: {d})")).unwrap_or_default()
-            );
+            let docs = (a.source.family() == "plumber").then(|| format!("{base}__docs__/"));
+            if a.is_static() {
+                tracing::info!("valve: serving the files of {} on {base} (static, no R)", a.source.path().display());
+            } else {
+                tracing::info!(
+                    "valve: serving {} on {base} with {} worker(s), up to {}{}",
+                    a.source.path().display(),
+                    a.n_min,
+                    a.n_max,
+                    docs.as_deref().map(|d| format!(" (docs: {d})")).unwrap_or_default()
+                );
+            }
             serde_json::json!({
                 "name": a.name,
                 "path": a.prefix,
                 "file": a.source.path(),
-                "kind": if a.is_shiny() { "shiny" } else { "plumber" },
+                "kind": a.source.family(),
                 "url": base,
                 "docs": docs,
                 "n_min": a.n_min,

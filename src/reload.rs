@@ -14,6 +14,9 @@
 //!   (`OLD_GENERATION_MAX` at most), then stops. A new generation that cannot
 //!   start is stopped and the old one keeps serving.
 //!
+//! Static content has a generation too (router, status, metrics), with an
+//! empty pool: it is mounted at once and never starts a worker.
+//!
 //! Reloads run one at a time, may come faster than apps start (a generation
 //! still starting that the next reload no longer wants is stopped), and
 //! never leave the router without an app that was serving.
@@ -30,7 +33,7 @@ use crate::app::{Fleet, Settings, Supervisor};
 use crate::config::{is_output_of_a_document, AppConfig, AppSource, Config, LoadError, Source};
 use crate::http::router::{Mounted, Router, Table};
 use crate::metrics::Registry;
-use crate::worker::{FrameHub, RLauncher, Spec, StartError};
+use crate::worker::{FrameHub, NoWorkers, RLauncher, Spec, StartError};
 
 /// Why valve could not serve.
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +141,16 @@ impl Apps {
     }
 
     fn generation(&self, app: &AppConfig, check_unused: Duration) -> Result<Arc<Supervisor>, RunError> {
+        let settings = Settings::from_config(app, check_unused);
+        if app.is_static() {
+            // Its pool stays empty (n_max = 0): ready at once, nothing to launch.
+            return Ok(Supervisor::new(
+                self.fleet.clone(),
+                settings,
+                Box::new(NoWorkers),
+                self.registry.app(&app.name),
+            ));
+        }
         let mut spec = Spec::new(
             self.run_dir.clone(),
             app.r_bin.clone(),
@@ -151,12 +164,7 @@ impl Apps {
         }
         spec.render_timeout = app.start_timeout;
         let launcher = RLauncher::new(spec, app.preload).map_err(RunError::RunDir)?;
-        Ok(Supervisor::new(
-            self.fleet.clone(),
-            Settings::from_config(app, check_unused),
-            Box::new(launcher),
-            self.registry.app(&app.name),
-        ))
+        Ok(Supervisor::new(self.fleet.clone(), settings, Box::new(launcher), self.registry.app(&app.name)))
     }
 
     /// Puts the serving apps in the router.
@@ -264,10 +272,11 @@ impl Apps {
                 launch.push((sup, None));
                 let this = self.clone();
                 let (name, sup) = (app.name.clone(), state.starting[&app.name].sup.clone());
-                let want_min = app.n_min;
+                let (want_min, workers) = (app.n_min, app.n_max > 0);
                 self.tasks.spawn(async move {
-                    // Proven with one worker at least, even if the app scales to zero.
-                    if want_min == 0 {
+                    // Proven with one worker at least, even if the app scales to
+                    // zero; static content has none to prove.
+                    if want_min == 0 && workers {
                         sup.set_n_min(1);
                     }
                     let result = sup.start().await;
@@ -439,7 +448,8 @@ impl Reloader {
 /// beyond 20,000 aside). A plumber file's sibling R files count too (it may
 /// `source()` them). An R Markdown document's app is its folder, less what
 /// rendering a document writes there (`doc.html`, `doc_files/`...): valve's
-/// own render must not look like a change.
+/// own render must not look like a change. Static content's files are read
+/// at each request, so only its folder counts.
 pub fn fingerprint(source: &AppSource) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     let mut files = Vec::new();
@@ -452,6 +462,8 @@ pub fn fingerprint(source: &AppSource) -> u64 {
             }
         }
         AppSource::Shiny(p) if p.is_dir() => walk(p, 0, &mut files),
+        // Served from the disk as they are: an edit needs no new generation.
+        AppSource::Static(dir) => dir.hash(&mut h),
         AppSource::PlumberFile(p) | AppSource::PlumberRds(p) | AppSource::Shiny(p) => {
             files.push(p.clone());
             if let Some(Ok(siblings)) = p.parent().map(std::fs::read_dir) {

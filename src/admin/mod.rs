@@ -195,7 +195,7 @@ impl Admin {
                 "name": c.name,
                 "path": c.prefix,
                 "hostname": c.hostname,
-                "kind": if c.is_shiny() { "shiny" } else { "plumber" },
+                "kind": c.source.family(),
                 "file": c.source.path(),
                 "preload": c.preload,
                 "ready": m.sup.ready(),
@@ -255,11 +255,14 @@ pub fn listing(table: &Table) -> Response<ReplyBody> {
         let c = &m.config;
         let kind = match &c.source {
             AppSource::ShinyRmd { .. } => "interactive document",
+            AppSource::Static(_) => "static content",
             s if s.is_shiny() => "Shiny app",
             _ => "plumber API",
         };
-        let docs =
-            if c.is_shiny() { String::new() } else { format!(" &middot; <a href=\"{}/__docs__/\">docs</a>", c.prefix) };
+        let docs = match c.source.family() {
+            "plumber" => format!(" &middot; <a href=\"{}/__docs__/\">docs</a>", c.prefix),
+            _ => String::new(),
+        };
         body.push_str(&format!(
             "<li><a href=\"{p}/\">{n}</a> <small>{kind}{docs}</small></li>\n",
             p = c.prefix,

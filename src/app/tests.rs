@@ -346,3 +346,20 @@ async fn winding_down_ends_when_the_last_busy_worker_is_done_or_at_its_grace() {
     assert!(fake.alive().is_empty(), "then it is stopped as at shutdown");
     drop(held);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pool_without_workers_is_ready_at_once_and_never_launches() {
+    // Static content's generation: n_min = n_max = 0, beside an app that uses the whole budget.
+    let fleet = Fleet::new(1);
+    let (files, fake) = app_in(&fleet, settings(0, 0));
+    let (api, _) = app_in(&fleet, settings(1, 1));
+    files.start().await.unwrap();
+    api.start().await.unwrap();
+    assert!(files.ready(), "nothing to wait for");
+    files.set_n_min(1);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(fake.workers.lock().unwrap().is_empty(), "no worker was ever launched");
+    assert_eq!((files.gauges().n_max, fleet.processes()), (0, 1), "and it holds no place in the budget");
+    files.shutdown().await;
+    api.shutdown().await;
+}

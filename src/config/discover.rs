@@ -3,7 +3,8 @@
 //! `shiny::runApp(dir)` takes `server.R`, else `app.R` (no `ui.R` needed);
 //! `rmarkdown::run(dir = )` takes its document (`rmd`: the one `.Rmd`, else
 //! `index.Rmd`...) when it is interactive; all of them matched without
-//! regard to case, as R does.
+//! regard to case, as R does. A folder with none of those and an
+//! `index.html` is static content, served by valve itself (no R).
 
 use std::path::{Path, PathBuf};
 
@@ -24,14 +25,37 @@ pub enum AppSource {
     /// An interactive R Markdown document, run as `rmarkdown::run()` runs it
     /// (its folder is the app); `folder` when it was named by its folder.
     ShinyRmd { doc: PathBuf, runtime: Runtime, folder: bool },
+    /// A folder of files with an `index.html`, served by valve itself: no R.
+    Static(PathBuf),
 }
 
 impl AppSource {
     /// The path handed to R (absolute).
     pub fn path(&self) -> &Path {
         match self {
-            AppSource::PlumberFile(p) | AppSource::PlumberDir(p) | AppSource::PlumberRds(p) | AppSource::Shiny(p) => p,
+            AppSource::PlumberFile(p)
+            | AppSource::PlumberDir(p)
+            | AppSource::PlumberRds(p)
+            | AppSource::Shiny(p)
+            | AppSource::Static(p) => p,
             AppSource::ShinyRmd { doc, .. } => doc,
+        }
+    }
+
+    /// The folder valve serves files from, for static content (no R).
+    pub fn static_root(&self) -> Option<&Path> {
+        match self {
+            AppSource::Static(dir) => Some(dir),
+            _ => None,
+        }
+    }
+
+    /// What serves it, in the ready line and the status: `plumber`, `shiny` or `static`.
+    pub fn family(&self) -> &'static str {
+        match self {
+            AppSource::Static(_) => "static",
+            s if s.is_shiny() => "shiny",
+            _ => "plumber",
         }
     }
 
@@ -55,6 +79,7 @@ impl AppSource {
             AppSource::Shiny(_) => "shiny",
             AppSource::ShinyRmd { runtime: Runtime::Shiny, .. } => "shiny-rmd",
             AppSource::ShinyRmd { runtime: Runtime::Prerendered, .. } => "shiny-prerendered",
+            AppSource::Static(_) => "static",
         }
     }
 
@@ -65,7 +90,7 @@ impl AppSource {
             AppSource::PlumberFile(p) => p.parent().unwrap_or(Path::new("/")).to_path_buf(),
             AppSource::Shiny(p) if p.is_file() => p.parent().unwrap_or(Path::new("/")).to_path_buf(),
             AppSource::ShinyRmd { doc, .. } => doc.parent().unwrap_or(Path::new("/")).to_path_buf(),
-            AppSource::PlumberDir(d) | AppSource::Shiny(d) => d.clone(),
+            AppSource::PlumberDir(d) | AppSource::Shiny(d) | AppSource::Static(d) => d.clone(),
             AppSource::PlumberRds(_) => std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
         }
     }
@@ -77,7 +102,7 @@ impl AppSource {
             AppSource::ShinyRmd { doc, folder: false, .. } => doc.file_stem(),
             AppSource::ShinyRmd { doc, folder: true, .. } => doc.parent().and_then(Path::file_name),
             AppSource::Shiny(p) if p.is_file() => p.parent().and_then(Path::file_name),
-            AppSource::PlumberDir(p) | AppSource::Shiny(p) => p.file_name(),
+            AppSource::PlumberDir(p) | AppSource::Shiny(p) | AppSource::Static(p) => p.file_name(),
         };
         name.map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "app".to_string())
     }
@@ -97,6 +122,12 @@ fn find_ci(dir: &Path, name: &str) -> Option<PathBuf> {
     hits.into_iter().next()
 }
 
+/// A folder's `index.html`, matched without regard to case (the first in
+/// sorted order), as a static folder's page at its root.
+pub fn index_html(dir: &Path) -> Option<PathBuf> {
+    find_ci(dir, "index.html")
+}
+
 /// Resolves a path to an absolute app and checks R can read it. `what` names
 /// where the path came from in messages (`-f/--file`, a config file's entry).
 pub fn resolve(path: &Path, what: &str) -> Result<AppSource, ConfigError> {
@@ -113,8 +144,14 @@ pub fn resolve(path: &Path, what: &str) -> Result<AppSource, ConfigError> {
         } else if let Some(file) = find_ci(&abs, "server.R").or_else(|| find_ci(&abs, "app.R")) {
             (AppSource::Shiny(abs), file)
         } else if let Some(doc) = rmd::document_of(&abs)? {
-            let runtime = rmd::interactive(&doc)?;
-            (AppSource::ShinyRmd { doc: doc.clone(), runtime, folder: true }, doc)
+            match (rmd::interactive(&doc), index_html(&abs)) {
+                (Ok(runtime), _) => (AppSource::ShinyRmd { doc: doc.clone(), runtime, folder: true }, doc),
+                // A document knitted to the page beside it: the page is what is served.
+                (Err(ConfigError::NotInteractive(_)), Some(index)) => (AppSource::Static(abs), index),
+                (Err(e), _) => return Err(e),
+            }
+        } else if let Some(index) = index_html(&abs) {
+            (AppSource::Static(abs), index)
         } else {
             return Err(ConfigError::EmptyDir(shown));
         }
@@ -136,6 +173,25 @@ pub fn resolve(path: &Path, what: &str) -> Result<AppSource, ConfigError> {
         },
     })?;
     Ok(app)
+}
+
+/// `static = "dir"` in a config file: a folder with an `index.html`, served
+/// as files whatever else it holds (R files in it are served as files too).
+pub fn resolve_static(path: &Path) -> Result<AppSource, ConfigError> {
+    let shown = path.display().to_string();
+    let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => ConfigError::NoStaticFolder(shown.clone()),
+        _ => ConfigError::Unreadable { path: shown.clone(), reason: e.to_string() },
+    })?;
+    if !meta.is_dir() {
+        return Err(ConfigError::StaticNotAFolder(shown));
+    }
+    let abs = std::fs::canonicalize(path)
+        .map_err(|e| ConfigError::Unreadable { path: shown.clone(), reason: e.to_string() })?;
+    let index = index_html(&abs).ok_or(ConfigError::NoIndex(shown))?;
+    std::fs::File::open(&index)
+        .map_err(|e| ConfigError::Unreadable { path: index.display().to_string(), reason: e.to_string() })?;
+    Ok(AppSource::Static(abs))
 }
 
 /// A single file is a Shiny app when it calls `shinyApp()` and has no plumber
@@ -209,6 +265,36 @@ mod tests {
         std::fs::write(d.path().join("notes.Rmd"), "---\ntitle: notes\n---\n").unwrap();
         assert!(matches!(resolve(&d.path().join("notes.Rmd"), "-f"), Err(ConfigError::NotInteractive(_))));
         assert!(matches!(resolve(d.path(), "-f"), Err(ConfigError::NotInteractive(_))));
+    }
+
+    #[test]
+    fn a_folder_with_an_index_html_and_no_r_is_static() {
+        let d = dir_with(&["INDEX.HTML", "style.css"]);
+        let app = resolve(d.path(), "-f").unwrap();
+        assert_eq!((app.kind(), app.family(), app.is_shiny()), ("static", "static", false));
+        assert_eq!(app.static_root(), Some(std::fs::canonicalize(d.path()).unwrap().as_path()));
+        assert_eq!(app.default_name(), d.path().file_name().unwrap().to_string_lossy());
+        // A document knitted to the page beside it is static; an interactive one, or R, wins.
+        std::fs::write(d.path().join("index.Rmd"), "---\ntitle: notes\n---\n").unwrap();
+        assert_eq!(resolve(d.path(), "-f").unwrap().kind(), "static");
+        std::fs::write(d.path().join("index.Rmd"), "---\nruntime: shiny_prerendered\n---\n").unwrap();
+        assert_eq!(resolve(d.path(), "-f").unwrap().kind(), "shiny-prerendered", "its render writes index.html");
+        std::fs::remove_file(d.path().join("index.Rmd")).unwrap();
+        std::fs::write(d.path().join("app.R"), "").unwrap();
+        assert_eq!(resolve(d.path(), "-f").unwrap().kind(), "shiny");
+        let d = dir_with(&["page.html"]);
+        assert!(matches!(resolve(d.path(), "-f"), Err(ConfigError::EmptyDir(_))), "index.html it must be");
+    }
+
+    #[test]
+    fn a_named_static_folder_needs_an_index_html_and_nothing_else() {
+        let d = dir_with(&["index.html", "plumber.R"]);
+        assert_eq!(resolve_static(d.path()).unwrap().kind(), "static", "named static, served as files");
+        assert!(matches!(resolve_static(&d.path().join("plumber.R")), Err(ConfigError::StaticNotAFolder(_))));
+        assert!(matches!(resolve_static(&d.path().join("nope")), Err(ConfigError::NoStaticFolder(_))));
+        let d = dir_with(&["page.html"]);
+        let e = resolve_static(d.path()).unwrap_err();
+        assert!(matches!(e, ConfigError::NoIndex(_)) && e.to_string().contains("holds no index.html"), "{e}");
     }
 
     #[test]

@@ -6,12 +6,20 @@ use std::time::Duration;
 /// Why a configuration was refused. Each message names the value and what to try.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("app not found: {path} (pass a plumber file, a folder holding entrypoint.R or plumber.R, a Shiny app folder, or an interactive R Markdown document with {what})")]
+    #[error("app not found: {path} (pass a plumber file, a folder holding entrypoint.R or plumber.R, a Shiny app folder, an interactive R Markdown document, or a folder with index.html for static content with {what})")]
     NotFound { path: String, what: String },
     #[error("cannot read {path}: {reason}")]
     Unreadable { path: String, reason: String },
-    #[error("folder {0} holds no entrypoint.R, plumber.R, server.R, app.R or R Markdown document (pass the app file itself with -f)")]
+    #[error("folder {0} holds no entrypoint.R, plumber.R, server.R, app.R, R Markdown document or index.html (pass the app file itself with -f)")]
     EmptyDir(String),
+    #[error("static folder not found: {0} (name a folder that holds an index.html)")]
+    NoStaticFolder(String),
+    #[error(
+        "{0} is a file, not a folder: `static` names a folder of files with an index.html (for an app, use `file`)"
+    )]
+    StaticNotAFolder(String),
+    #[error("folder {0} holds no index.html: add one (valve serves it at the app's root) or name another folder")]
+    NoIndex(String),
     #[error("{0} is an R Markdown document without a Shiny runtime, so there is nothing interactive to serve: add `runtime: shiny` (knitted per session) or `runtime: shiny_prerendered` (rendered once) to the YAML front matter between its `---` lines")]
     NotInteractive(String),
     #[error("cannot read the YAML front matter of {path}: {reason} (fix the lines between the `---` at its top; rmarkdown refuses it too)")]
@@ -30,7 +38,7 @@ pub enum ConfigError {
     BadSize { flag: &'static str, value: String },
     #[error("--queue-size must be at least 1")]
     ZeroQueue,
-    #[error("--site {0} holds no app folders (each sub-folder with plumber.R, entrypoint.R, app.R, server.R or an interactive index.Rmd is served at /<folder>/)")]
+    #[error("--site {0} holds no app folders (each sub-folder with plumber.R, entrypoint.R, app.R, server.R, an interactive index.Rmd or an index.html is served at /<folder>/)")]
     EmptySite(String),
     #[error(
         "--n-min adds up to {n_min} over the apps, above --max-workers {max}: raise --max-workers or lower --n-min"

@@ -262,30 +262,7 @@ impl<'a> Cx<'a> {
         let t = Some(app.get_ref());
         let a = self.args;
         let ordinal = i + 1;
-        let source = match app.get_ref().get("file") {
-            None => {
-                self.at(
-                    app.span(),
-                    format!(
-                        "app {ordinal} has no `file`: name its plumber file or folder, its Shiny app folder or its interactive R Markdown document (relative to the config file's folder)"
-                    ),
-                );
-                None
-            }
-            Some(v) => match v.get_ref().as_str() {
-                None => {
-                    self.at(v.span(), "`file` must be a string (a path)".into());
-                    None
-                }
-                Some(file) => match discover::resolve(&base.join(file), "`file`") {
-                    Ok(s) => Some(s),
-                    Err(e) => {
-                        self.at(v.span(), format!("file = {file:?}: {e} (paths are relative to {})", base.display()));
-                        None
-                    }
-                },
-            },
-        };
+        let source = self.source(ordinal, app, base);
         let name = match app.get_ref().get("name") {
             Some(v) => match v.get_ref().as_str() {
                 Some(n) if valid_name(n) => Some(n.to_string()),
@@ -357,29 +334,73 @@ impl<'a> Cx<'a> {
         let queue_timeout = self.seconds("queue_timeout", t, &a.queue_timeout, false);
         let start_timeout = self.seconds("start_timeout", t, &a.start_timeout, false);
         let reconnect_window = self.reconnect_window(t);
-        Some(AppConfig {
-            name: name?,
-            prefix: prefix?,
-            hostname,
-            n_min: n_min?,
-            n_max: n_max?,
-            max_age: max_age?,
-            preload: preload?,
-            request_timeout: request_timeout.map(|d| (!d.is_zero()).then_some(d))?,
-            queue_size: queue_size?,
-            queue_timeout: queue_timeout?,
-            max_body_size: max_body_size?,
-            max_requests: max_requests.map(|n| (n > 0).then_some(n))?,
-            max_worker_memory: max_worker_memory?,
-            max_sessions: max_sessions?,
-            max_pending: max_pending?,
-            busy_threshold: busy_threshold?,
-            reconnect_window: reconnect_window?,
-            r_bin: r_bin?,
-            start_timeout: start_timeout?,
-            env: env?,
-            source: source?,
-        })
+        Some(
+            AppConfig {
+                name: name?,
+                prefix: prefix?,
+                hostname,
+                n_min: n_min?,
+                n_max: n_max?,
+                max_age: max_age?,
+                preload: preload?,
+                request_timeout: request_timeout.map(|d| (!d.is_zero()).then_some(d))?,
+                queue_size: queue_size?,
+                queue_timeout: queue_timeout?,
+                max_body_size: max_body_size?,
+                max_requests: max_requests.map(|n| (n > 0).then_some(n))?,
+                max_worker_memory: max_worker_memory?,
+                max_sessions: max_sessions?,
+                max_pending: max_pending?,
+                busy_threshold: busy_threshold?,
+                reconnect_window: reconnect_window?,
+                r_bin: r_bin?,
+                start_timeout: start_timeout?,
+                env: env?,
+                source: source?,
+            }
+            .without_workers_if_static(),
+        )
+    }
+
+    /// What the app serves: `file` (found as R finds it; a folder with only
+    /// an `index.html` is static), or `static` (a folder served as files). A
+    /// static app's own table holds no worker setting: it has no worker.
+    fn source(&mut self, ordinal: usize, app: &Spanned<Table>, base: &Path) -> Option<discover::AppSource> {
+        let t = app.get_ref();
+        let (key, v) = match (t.get("file"), t.get("static")) {
+            (Some(_), Some(v)) => {
+                let message = "give either `file` (an R app) or `static` (a folder of files), not both".to_string();
+                self.at(self.key_span("static", v.span()), message);
+                return None;
+            }
+            (Some(v), None) => ("file", v),
+            (None, Some(v)) => ("static", v),
+            (None, None) => {
+                let message = format!(
+                    "app {ordinal} has no `file`: name its plumber file or folder, its Shiny app folder or its interactive R Markdown document (or `static`: a folder of files with an index.html), relative to the config file's folder"
+                );
+                self.at(app.span(), message);
+                return None;
+            }
+        };
+        let Some(path) = v.get_ref().as_str() else {
+            self.at(v.span(), format!("`{key}` must be a string (a path)"));
+            return None;
+        };
+        let found = match key {
+            "static" => discover::resolve_static(&base.join(path)),
+            _ => discover::resolve(&base.join(path), "`file`"),
+        };
+        let source = found
+            .map_err(|e| self.at(v.span(), format!("{key} = {path:?}: {e} (paths are relative to {})", base.display())))
+            .ok()?;
+        if source.static_root().is_some() {
+            for (k, w) in t.iter().filter(|(k, _)| APP_KEYS.contains(&k.as_str())) {
+                let message = format!("`{k}` does nothing for static content (valve serves its files itself, with no R worker): remove it");
+                self.at(self.key_span(k, w.span()), message);
+            }
+        }
+        Some(source)
     }
 
     fn seconds(&mut self, key: &str, app: Option<&Table>, flag: &str, allow_zero: bool) -> Option<Duration> {

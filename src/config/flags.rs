@@ -288,7 +288,7 @@ impl Args {
         self.check_pool_flags()?;
         let source = discover::resolve(&self.file, "-f/--file")?;
         let app = self.app(source.default_name(), "/".to_string(), source, self.preload)?;
-        let server = self.server(self.max_workers.unwrap_or(self.n_max))?;
+        let server = self.server(self.max_workers.unwrap_or(app.n_max.max(1)))?;
         if app.n_min > server.max_workers {
             return Err(ConfigError::MinAboveBudget { n_min: app.n_min, max: server.max_workers });
         }
@@ -300,7 +300,9 @@ impl Args {
         self.check_pool_flags()?;
         let (apps, notes) = site::site(dir, |source, name, prefix| self.app(name, prefix, source, self.preload))?;
         let n_min: usize = apps.iter().map(|a| a.n_min).sum();
-        let server = self.server(self.max_workers.unwrap_or_else(|| apps.iter().map(|a| a.n_max).sum()))?;
+        // At least one: static folders alone need no worker, but a budget is never 0.
+        let n_max: usize = apps.iter().map(|a| a.n_max).sum();
+        let server = self.server(self.max_workers.unwrap_or(n_max.max(1)))?;
         if n_min > server.max_workers {
             return Err(ConfigError::MinAboveBudget { n_min, max: server.max_workers });
         }
@@ -336,7 +338,8 @@ impl Args {
             start_timeout: parse_seconds("--start-timeout", &self.start_timeout, false)?,
             env: Vec::new(),
             source,
-        })
+        }
+        .without_workers_if_static())
     }
 
     fn server(&self, max_workers: usize) -> Result<Server, ConfigError> {
@@ -408,6 +411,24 @@ mod tests {
         assert_eq!(c.apps.len(), 1);
         assert_eq!((c.apps[0].name.as_str(), c.apps[0].prefix.as_str()), ("plumber", "/"));
         assert_eq!(c.server.max_workers, 3, "-f: the budget is --n-max");
+    }
+
+    #[test]
+    fn static_content_takes_no_worker_from_flags_or_the_site_budget() {
+        let site = tempfile::tempdir().unwrap();
+        std::fs::create_dir(site.path().join("docs")).unwrap();
+        std::fs::write(site.path().join("docs/index.html"), "<h1>docs</h1>").unwrap();
+        let docs = site.path().join("docs");
+        let c = args(&["-f", docs.to_str().unwrap(), "--n-min", "2", "--preload"]).single().unwrap();
+        let app = &c.apps[0];
+        assert_eq!((app.source.kind(), app.n_min, app.n_max, app.preload), ("static", 0, 0, false));
+        assert_eq!(c.server.max_workers, 1);
+        let c = args(&[]).site(site.path()).unwrap();
+        assert_eq!((c.apps[0].prefix.as_str(), c.apps[0].n_max, c.server.max_workers), ("/docs", 0, 1));
+        std::fs::create_dir(site.path().join("api")).unwrap();
+        std::fs::write(site.path().join("api/plumber.R"), "").unwrap();
+        let c = args(&[]).site(site.path()).unwrap();
+        assert_eq!(c.server.max_workers, 3, "the R apps' --n-max added up");
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub(super) const APP_KEYS: &[&str] = &[
 ];
 
 /// Keys only an `[[app]]` table holds.
-pub(super) const APP_ONLY: &[&str] = &["name", "path", "file", "hostname"];
+pub(super) const APP_ONLY: &[&str] = &["name", "path", "file", "static", "hostname"];
 
 /// Server settings (top level only).
 pub(super) const SERVER_KEYS: &[&str] = &[

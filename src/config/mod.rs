@@ -26,7 +26,7 @@ mod rmd;
 mod site;
 mod source;
 
-pub use discover::AppSource;
+pub use discover::{index_html, AppSource};
 pub use error::{parse_seconds, parse_size, ConfigError};
 pub use flags::Args;
 pub use model::{is_admin_path, normal_prefix, valid_name, AppConfig, Config, Server, Transport, ADMIN_PREFIX};

@@ -113,6 +113,20 @@ impl AppConfig {
     pub fn is_shiny(&self) -> bool {
         self.source.is_shiny()
     }
+
+    /// Static content: valve serves its files, no R worker ever starts.
+    pub fn is_static(&self) -> bool {
+        self.source.static_root().is_some()
+    }
+
+    /// A static app holds no place in the worker budget: its pool is empty
+    /// for good (`n_min` = `n_max` = 0), whatever the flags or defaults say.
+    pub(super) fn without_workers_if_static(mut self) -> AppConfig {
+        if self.is_static() {
+            (self.n_min, self.n_max, self.preload) = (0, 0, false);
+        }
+        self
+    }
 }
 
 /// `--worker-transport`: clap allows only `frames` and `httpuv`.

@@ -8,7 +8,8 @@ use super::error::ConfigError;
 use super::model::{valid_name, AppConfig};
 
 /// A folder of apps (`--site DIR`): each sub-folder holding a plumber API, a
-/// Shiny app or an interactive R Markdown document, served at `/<folder>` with the flags' settings. Folders that
+/// Shiny app, an interactive R Markdown document or static content (an
+/// `index.html` and no R), served at `/<folder>` with the flags' settings. Folders that
 /// hold no app, hidden ones and names that are not plain URL segments are
 /// skipped (and said so in `notes`).
 pub(super) fn site(
@@ -42,7 +43,7 @@ pub(super) fn site(
             Ok(source) => apps.push(template(source, name.clone(), format!("/{name}"))?),
             Err(ConfigError::EmptyDir(_)) => {
                 notes.push(format!(
-                    "--site: skipping {}: it holds no plumber.R, entrypoint.R, app.R, server.R or R Markdown document",
+                    "--site: skipping {}: it holds no plumber.R, entrypoint.R, app.R, server.R, R Markdown document or index.html",
                     folder.display()
                 ));
             }

@@ -259,8 +259,8 @@ impl SpoolWriter {
     }
 }
 
-/// A spooled body, read back in chunks off the async threads; each reader
-/// keeps its own position, so the same file can be sent twice.
+/// A spooled body (or a static file), read back in chunks off the async
+/// threads; each reader keeps its own position, so the same file can be sent twice.
 pub struct FileBody {
     file: Arc<std::fs::File>,
     offset: u64,
@@ -271,6 +271,12 @@ pub struct FileBody {
 impl FileBody {
     fn new(file: Arc<std::fs::File>, len: u64) -> Self {
         FileBody { file, offset: 0, end: len, reading: None }
+    }
+
+    /// Bytes `start..end` of `file`, read a chunk at a time as the client
+    /// takes them (a static file, however large, is never held whole).
+    pub fn part(file: std::fs::File, start: u64, end: u64) -> Self {
+        FileBody { file: Arc::new(file), offset: start, end, reading: None }
     }
 }
 

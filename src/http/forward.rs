@@ -1,5 +1,6 @@
 //! One request from a client to an app's worker and back, for plumber and
-//! Shiny alike:
+//! Shiny alike (static content is answered from its folder first, by
+//! `files`, and never reaches a worker):
 //!
 //! 1. valve's own checks, so only requests R can parse reach R: the method
 //!    (405), the size of the request line and headers (431), a WebSocket's
@@ -38,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::body::{read_whole, Payload, ReadError};
+use super::files;
 use super::head::{
     closes, declared_length, head_bytes, is_websocket, join, strip_hop_by_hop, under_prefix, valid_websocket_handshake,
     worker_head, Head, STICKY_COOKIE,
@@ -190,6 +192,10 @@ impl Forwarder {
         served: &mut Served,
     ) -> Response<ReplyBody> {
         let cfg = &app.config;
+        if let Some(root) = cfg.source.static_root() {
+            // Static content: valve answers from the folder; no worker is asked.
+            return files::serve(root, &cfg.prefix, path, &req).await;
+        }
         let metrics = &app.sup.metrics;
         if !METHODS.contains(req.method()) {
             metrics.reject(Rejection::BadRequest);

@@ -1,9 +1,11 @@
 //! HTTP in front of the apps: the listener and its drain (`server`), which
 //! app a request goes to (`router`), the one forwarding loop (`forward`),
-//! bodies held whole (`body`), what goes back to clients (`reply`), and
-//! the identity headers no client may set (`identity`).
+//! static content's files (`files`), bodies held whole (`body`), what goes
+//! back to clients (`reply`), and the identity headers no client may set
+//! (`identity`).
 
 pub mod body;
+mod files;
 pub mod forward;
 mod head;
 pub mod identity;

@@ -89,3 +89,17 @@ impl Launch for RLauncher {
         })
     }
 }
+
+/// Launches nothing: static content's generation, whose pool has no room for
+/// a worker (`n_max` = 0). Asked anyway, it refuses rather than start R.
+pub struct NoWorkers;
+
+impl Launch for NoWorkers {
+    fn launch(&self, _id: WorkerId) -> BoxFuture<'_, Result<Launched, StartError>> {
+        Box::pin(async { Err(StartError::Io(io::Error::other("static content starts no R worker"))) })
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}

@@ -36,7 +36,7 @@ mod wire;
 
 pub use conn::{connect, probe, Conn, Connect, SocketConnector};
 pub use frames::FrameHub;
-pub use launcher::RLauncher;
+pub use launcher::{NoWorkers, RLauncher};
 pub use output::Tail;
 pub use process::{
     cpu_time, private_bytes, rss_bytes, Exit, Launch, Launched, MemoryProbe, Process, RenderError, StartError, Stop,

@@ -18,3 +18,4 @@ mod rmarkdown;
 mod rules;
 mod scaling;
 mod shiny;
+mod statics;

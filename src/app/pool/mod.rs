@@ -343,7 +343,8 @@ pub struct Pool<W> {
 
 impl<W> Pool<W> {
     pub fn new(limits: Limits, ids: Ids) -> Self {
-        assert!(limits.n_min <= limits.n_max && limits.n_max >= 1, "limits are checked by config");
+        // n_max = 0: static content's pool, which never holds a worker.
+        assert!(limits.n_min <= limits.n_max, "limits are checked by config");
         Pool {
             limits,
             ids,

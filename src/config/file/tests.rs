@@ -199,3 +199,70 @@ fn the_shiny_buffer_total_holds_at_least_one_sessions_buffer() {
     let text = load(&path, &args(&[])).unwrap_err().to_string();
     assert!(text.contains(":1:24: shiny_buffer_total (256MiB) is below shiny_session_buffer (512MiB)"), "{text}");
 }
+
+#[test]
+fn a_static_folder_is_an_app_with_no_worker() {
+    let (d, path) = site_with(
+        r#"n_min = 2
+[[app]]
+name = "docs"
+path = "/docs"
+static = "site"
+
+[[app]]
+file = "pages"
+"#,
+    );
+    for folder in ["site", "pages"] {
+        std::fs::create_dir(d.path().join(folder)).unwrap();
+        std::fs::write(d.path().join(folder).join("Index.html"), "<h1>hi</h1>").unwrap();
+    }
+    // `static` serves the folder as files whatever it holds; `file` finds R first.
+    std::fs::write(d.path().join("site/app.R"), "shinyApp(ui, server)\n").unwrap();
+    let c = load(&path, &args(&[])).unwrap();
+    for app in &c.apps {
+        assert_eq!((app.source.kind(), app.n_min, app.n_max, app.preload), ("static", 0, 0, false), "{app:?}");
+    }
+    assert_eq!((c.apps[0].prefix.as_str(), c.apps[1].name.as_str()), ("/docs", "pages"));
+    assert_eq!(c.server.max_workers, 1, "no worker needed, but a budget is never 0");
+}
+
+#[test]
+fn a_static_folder_that_cannot_be_served_is_refused_with_its_line() {
+    let (d, path) = site_with(
+        r#"[[app]]
+name = "a"
+static = "missing"
+[[app]]
+name = "b"
+static = "sales/plumber.R"
+[[app]]
+name = "c"
+static = "noindex"
+[[app]]
+name = "d"
+static = "sales"
+file = "sales"
+[[app]]
+name = "e"
+static = "ok"
+n_max = 3
+[[app]]
+name = "f"
+static = 3
+"#,
+    );
+    std::fs::create_dir(d.path().join("noindex")).unwrap();
+    std::fs::create_dir(d.path().join("ok")).unwrap();
+    std::fs::write(d.path().join("ok/index.html"), "").unwrap();
+    let text = load(&path, &args(&[])).unwrap_err().to_string();
+    assert!(text.contains(":3:10: static = \"missing\": static folder not found"), "{text}");
+    assert!(
+        text.contains(":6:10: static = \"sales/plumber.R\":") && text.contains("is a file, not a folder"),
+        "{text}"
+    );
+    assert!(text.contains(":9:10: static = \"noindex\": folder") && text.contains("holds no index.html"), "{text}");
+    assert!(text.contains(":12:1: give either `file` (an R app) or `static`"), "{text}");
+    assert!(text.contains(":17:1: `n_max` does nothing for static content"), "{text}");
+    assert!(text.contains(":20:10: `static` must be a string"), "{text}");
+}
