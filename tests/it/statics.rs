@@ -232,8 +232,9 @@ async fn a_static_folder_in_a_site_is_served_by_valve_beside_an_api_and_a_shiny_
     );
     assert_eq!(valve.ready["max_workers"], 6, "the R apps' --n-max added up: the static one adds none");
 
-    // No R process for it: one worker for each R app, none in the folder.
-    assert_eq!(valve.r_processes().len(), 2, "{:?}", valve.r_processes());
+    // No R process for it: one worker for each R app (with --preload, beside
+    // their parents), none in the folder.
+    assert_eq!(valve.workers().len(), 2, "{:?}", valve.r_processes());
     assert_eq!(status["r_processes"], 2);
     assert_eq!(r_processes_in(&valve, &site.join("docs")), 0);
 }
@@ -277,7 +278,7 @@ async fn a_static_folder_in_a_config_file_is_checked_and_served_under_its_path()
     assert_eq!(header(moved.headers(), "location"), "/manual/sub/", "the slash, under the prefix");
     assert_eq!(raw(&valve, "GET", "/manual/../api/pid").0, 404, "no way out through the prefix");
     assert_eq!(get(&valve.get("/api/pid"), &[]).await.status(), 200);
-    assert_eq!(valve.r_processes().len(), 1, "the API's one worker");
+    assert_eq!(valve.workers().len(), 1, "the API's one worker: {:?}", valve.r_processes());
 
     // A `static` that cannot be served is a --check error with its place.
     std::fs::write(&path, "[[app]]\nname = \"manual\"\nstatic = \"nowhere\"\n").unwrap();
