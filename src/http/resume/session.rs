@@ -130,8 +130,7 @@ impl Session {
                     let len = payload.len();
                     let numbered = browser.as_ref().map(|_| payload.numbered(out.last_sent() + 1));
                     out.push(payload);
-                    let fits = self.held.hold(len);
-                    metrics.reconnects.buffered(len as i64);
+                    let fits = self.hold(len);
                     if !fits || out.bytes() > bound || out.held() > MAX_HELD {
                         if browser.is_none() {
                             tracing::warn!(app = %app, session = %self.sid, held_bytes = out.bytes(), bound_bytes = bound,
@@ -142,8 +141,7 @@ impl Session {
                         // Attached: what the browser has not acknowledged is let go;
                         // only a resume that needs it is refused.
                         let freed = out.shed(bound / 2, MAX_HELD / 2);
-                        self.held.release(freed);
-                        metrics.reconnects.buffered(-(freed as i64));
+                        self.release(freed);
                         if !overflowing {
                             tracing::warn!(app = %app, session = %self.sid, bound_bytes = bound,
                                 "a Shiny session's browser acknowledges too slowly for its buffer; a dropped connection now starts a new session (see --shiny-session-buffer)");
@@ -207,8 +205,7 @@ impl Session {
                         },
                         FromBrowser::Ack(n) => match out.ack(n) {
                             Ok(freed) => {
-                                self.held.release(freed);
-                                metrics.reconnects.buffered(-(freed as i64));
+                                self.release(freed);
                             }
                             Err(_) => {
                                 tracing::warn!(app = %app, session = %self.sid, ack = n, sent = out.last_sent(), "a Shiny session's browser acknowledged a message never sent; ending the session");
@@ -238,8 +235,7 @@ impl Session {
                     };
                     let resend: Vec<Message> = resend.map(|(seq, p)| p.numbered(*seq)).collect();
                     if let Ok(freed) = out.ack(back.last) {
-                        self.held.release(freed);
-                        metrics.reconnects.buffered(-(freed as i64));
+                        self.release(freed);
                     }
                     browser = Some(back.socket);
                     let mut welcomed = self.send(&mut browser, wire::welcome(inbox.last, window_ms)).await;
@@ -294,10 +290,21 @@ impl Session {
             let _ = tokio::time::timeout(WRITE_WAIT, worker.close(None)).await;
         }
         let held = out.bytes();
-        self.held.release(held);
-        metrics.reconnects.buffered(-(held as i64));
+        self.release(held);
         metrics.reconnects.ended(why, away.map(|t| t.elapsed()));
         tracing::debug!(app = %app, session = %self.sid, worker = self.worker_id, reason = why.as_str(), "Shiny session ended");
+    }
+
+    /// Counts bytes held for the browser, in the shared bound and the app's
+    /// gauge; false if the shared bound is passed.
+    fn hold(&self, bytes: usize) -> bool {
+        self.sup.metrics.reconnects.buffered(bytes as i64);
+        self.held.hold(bytes)
+    }
+
+    fn release(&self, bytes: usize) {
+        self.sup.metrics.reconnects.buffered(-(bytes as i64));
+        self.held.release(bytes);
     }
 
     /// Writes to the attached browser; on failure (or no write within
