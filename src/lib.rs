@@ -106,6 +106,9 @@ pub async fn run(
     shutdown: Shutdown,
     ready: impl FnOnce(&Serving),
 ) -> Result<Drained, RunError> {
+    // Listen for SIGHUP before anything can send it: its default action would
+    // end valve. One that comes while workers start is applied once they have.
+    let hup = hangups();
     let addr =
         listener.local_addr().map_err(|error| RunError::Bind { addr: config.server.host.clone(), error, hint: "" })?;
     let run_dir = worker::run_dir().map_err(RunError::RunDir)?;
@@ -190,21 +193,30 @@ pub async fn run(
         }
     }
     ready(&Serving { addr, admin: admin_addr });
-    reload_on_hangup(reloader, shutdown.drain.clone());
+    if let Some(hup) = hup {
+        reload_on_hangup(hup, reloader, shutdown.drain.clone());
+    }
     let drained = server.await.unwrap_or(Drained::Cut);
     apps.shutdown().await;
     Ok(drained)
 }
 
-/// SIGHUP reloads the configuration (until the drain begins).
-fn reload_on_hangup(reloader: Arc<Reloader>, drain: tokio_util::sync::CancellationToken) {
-    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(s) => s,
+fn hangups() -> Option<tokio::signal::unix::Signal> {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => Some(s),
         Err(e) => {
             tracing::warn!(error = %e, "cannot listen for SIGHUP: reload with POST /__valve__/reload");
-            return;
+            None
         }
-    };
+    }
+}
+
+/// SIGHUP reloads the configuration (until the drain begins).
+fn reload_on_hangup(
+    mut hup: tokio::signal::unix::Signal,
+    reloader: Arc<Reloader>,
+    drain: tokio_util::sync::CancellationToken,
+) {
     tokio::spawn(async move {
         loop {
             tokio::select! {

@@ -4,7 +4,8 @@
 // Prints {"ready":true, ...state} once the app is connected, then answers
 // each JSON command line on stdin with exactly one JSON line (errors as
 // {"error": "..."}). Ops: state, type, slider, click, burst, wait, waitCount,
-// flood, reload, eval (see answer() below). Stdin EOF closes the page (the
+// flood, reload, eval (see answer() below); `wait` takes
+// min_resumes. Stdin EOF closes the page (the
 // script sends `b`: the session ends) and the browser.
 // VALVE_INJECT_CLIENT=/path/to/client.js runs valve's client script in the
 // page before Shiny connects (for trying the script against plain Shiny).
@@ -97,16 +98,19 @@ const connected = () => window.Shiny && Shiny.shinyapp && Shiny.shinyapp.isConne
   && ((document.getElementById("token")?.textContent ?? "").trim() !== ""
       || (!document.getElementById("token") && !!(Shiny.shinyapp.config && Shiny.shinyapp.config.sessionId)));
 
-// Wait for a connected app and a token that is (`same`) or is not (`fresh`) `first`.
-async function waitToken(mode, first, timeoutS) {
-  await page.waitForFunction(([mode, first]) => {
+// Wait for a connected app and a token that is (`same`) or is not (`fresh`)
+// `first`, after at least `minResumes` resumes (so a wait that follows a cut
+// does not end before the page has even seen the cut).
+async function waitToken(mode, first, timeoutS, minResumes = 0) {
+  await page.waitForFunction(([mode, first, minResumes]) => {
     if (!(window.Shiny && Shiny.shinyapp && Shiny.shinyapp.isConnected())) return false;
+    if (minResumes > 0 && !((window.__valve && window.__valve.resumes) >= minResumes)) return false;
     // Back: the script's socket is attached again (or plain, without valve's protocol).
     if (window.__valve && !["attached", "plain"].includes(window.__valve.state)) return false;
     const t = (document.getElementById("token")?.textContent ?? "").trim()
       || (document.getElementById("token") ? "" : (Shiny.shinyapp.config && Shiny.shinyapp.config.sessionId) || "");
     return t !== "" && (mode === "same" ? t === first : t !== first);
-  }, [mode, first], { timeout: timeoutS * 1000, polling: 50 });
+  }, [mode, first, minResumes], { timeout: timeoutS * 1000, polling: 50 });
 }
 
 // The baseline: the session's first token, and a marker in the page that
@@ -169,7 +173,7 @@ async function answer(cmd) {
     }
     case "wait": {
       const t0 = Date.now();
-      await waitToken(cmd.for === "fresh" ? "fresh" : "same", firstToken, cmd.timeout ?? 30);
+      await waitToken(cmd.for === "fresh" ? "fresh" : "same", firstToken, cmd.timeout ?? 30, Number(cmd.min_resumes ?? 0));
       return { ...(await stateWithMarker()), ms: Date.now() - t0 };
     }
     case "waitCount": {

@@ -526,3 +526,24 @@ fn a_shiny_session_on_a_changed_app_keeps_working_and_new_browsers_get_the_new_v
         !first.iter().any(|p| crate::harness::pid_alive(*p))
     });
 }
+
+#[test]
+fn a_sighup_while_workers_start_never_ends_valve_and_is_applied_once_they_serve() {
+    // Orchestrators send SIGHUP whenever a config map changes, with no regard
+    // for whether valve has finished starting.
+    let dir = tempfile::tempdir().unwrap();
+    let api = dir.path().join("slow.R");
+    std::fs::write(&api, "Sys.sleep(3)\n\n#* @get /ok\nfunction() \"ok\"\n").unwrap();
+    let valve = Valve::start_with_hook(
+        &["-f", api.to_str().unwrap(), "--no-access-log"],
+        &[],
+        Some("starting workers"),
+        |pid| unsafe {
+            libc::kill(pid as i32, libc::SIGHUP);
+        },
+    );
+    valve.wait_for_log("SIGHUP: reloading", Duration::from_secs(30));
+    valve.wait_for_log("unchanged=1", Duration::from_secs(30));
+    let (status, _) = tokio::runtime::Runtime::new().unwrap().block_on(get(valve.get("/ok")));
+    assert_eq!(status, 200);
+}

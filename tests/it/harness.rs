@@ -186,6 +186,12 @@ impl Valve {
     }
 
     pub fn start_with_env(args: &[&str], envs: &[(&str, &str)]) -> Valve {
+        Self::start_with_hook(args, envs, None, |_| {})
+    }
+
+    /// As `start`, calling `hook(pid)` once valve has logged `when` (before it
+    /// reports ready).
+    pub fn start_with_hook(args: &[&str], envs: &[(&str, &str)], when: Option<&str>, hook: impl FnOnce(u32)) -> Valve {
         let mut full = vec!["--port", "0"];
         full.extend_from_slice(args);
         let mut child = spawn(&full, envs);
@@ -194,8 +200,15 @@ impl Valve {
         capture(child.stdout.take().unwrap(), "valve stdout", log.clone(), Some(tx));
         capture(child.stderr.take().unwrap(), "valve", log.clone(), None);
         let start = Instant::now();
+        let mut hook = when.map(|w| (w.to_string(), hook));
         loop {
+            if hook.as_ref().is_some_and(|(w, _)| log.lock().unwrap().iter().any(|l| l.contains(w.as_str()))) {
+                if let Some((_, h)) = hook.take() {
+                    h(child.id());
+                }
+            }
             let left = START_DEADLINE.checked_sub(start.elapsed()).unwrap_or_default();
+            let left = if hook.is_some() { left.min(Duration::from_millis(20)) } else { left };
             match rx.recv_timeout(left) {
                 Ok(line) => {
                     // valve's one line on stdout: a JSON object once it serves.
@@ -206,6 +219,7 @@ impl Valve {
                         }
                     }
                 }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) if start.elapsed() < START_DEADLINE => {}
                 Err(_) => {
                     let _ = child.kill();
                     let _ = child.wait();

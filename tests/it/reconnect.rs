@@ -51,6 +51,14 @@ impl Page {
         self.ask(json!({"op": "state"})).await
     }
 
+    /// After a cut: waits until the page has resumed once more than it had in
+    /// `before` and is back on the same session. (Waiting for "the same
+    /// session" alone can end before the page has noticed the cut.)
+    pub async fn wait_resumed(&mut self, before: &Value) -> Value {
+        let min = before["resumes"].as_u64().unwrap_or(0) + 1;
+        self.ask(json!({"op": "wait", "for": "same", "timeout": 60, "min_resumes": min})).await
+    }
+
     pub async fn close(mut self) {
         drop(self.stdin);
         let _ = tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await;
@@ -118,7 +126,7 @@ async fn a_blip_resumes_the_same_session_with_every_message_once_in_order() {
         tokio::time::sleep(Duration::from_millis(600)).await;
         proxy.cut();
     }
-    let back = page.ask(json!({"op": "wait", "for": "same", "timeout": 60})).await;
+    let back = page.wait_resumed(&before).await;
     let after = page.ask(json!({"op": "waitCount", "n": 50, "timeout": 60})).await;
     same_session(&before, &after);
     assert_eq!(seen(&after), expected("a", 50), "R got each input once, in order: {after}");
@@ -140,7 +148,7 @@ async fn a_20_second_outage_resumes_the_same_session() {
     tokio::time::sleep(Duration::from_secs(20)).await;
     // R went on sending ticks meanwhile: they arrive once, in order.
     proxy.set_down(false);
-    let back = page.ask(json!({"op": "wait", "for": "same", "timeout": 60})).await;
+    let back = page.wait_resumed(&before).await;
     let after = page.state().await;
     same_session(&before, &after);
     assert_eq!(after["notice_seen"], true, "the small notice showed while away: {after}");
@@ -220,7 +228,7 @@ async fn leaving_the_page_ends_the_session_at_once_and_a_reload_of_the_app_keeps
     valve.wait_for_log("reload", Duration::from_secs(30));
     tokio::time::sleep(Duration::from_secs(2)).await;
     proxy.cut();
-    page.ask(json!({"op": "wait", "for": "same", "timeout": 60})).await;
+    page.wait_resumed(&before).await;
     let after = page.state().await;
     same_session(&before, &after);
     // Leaving the page (here: reloading it) ends the R session now, not after the window.
@@ -256,7 +264,7 @@ async fn a_forged_or_borrowed_secret_never_attaches_to_a_session() {
     assert_eq!(metric(&valve, "valve_shiny_resumes_refused_total{app=\"shiny_reconnect\"}"), 4.0);
     // Alice's session is untouched and still resumes; Bob's too.
     proxy.cut();
-    let after = alice.ask(json!({"op": "wait", "for": "same", "timeout": 60})).await;
+    let after = alice.wait_resumed(&a).await;
     same_session(&a, &after);
     assert_eq!(bob.state().await["token"], b["token"]);
     alice.close().await;
@@ -322,8 +330,8 @@ async fn under_a_prefix_beside_another_app_a_blip_resumes_shinys_own_example() {
     let h0 = hello.state().await;
     let m0 = mine.state().await;
     proxy.cut();
-    let h1 = hello.ask(json!({"op": "wait", "for": "same", "timeout": 60})).await;
-    let m1 = mine.ask(json!({"op": "wait", "for": "same", "timeout": 60})).await;
+    let h1 = hello.wait_resumed(&h0).await;
+    let m1 = mine.wait_resumed(&m0).await;
     assert_eq!(h1["token"], h0["token"], "{h1}");
     assert_eq!(h1["marker_ok"], true);
     same_session(&m0, &m1);
@@ -418,7 +426,7 @@ async fn shinys_own_examples_come_back_to_the_same_session_after_a_blip() {
     }
     proxy.cut();
     for (e, page, before) in &mut pages {
-        let after = page.ask(json!({"op": "wait", "for": "same", "timeout": 60})).await;
+        let after = page.wait_resumed(before).await;
         assert_eq!(after["token"], before["token"], "{e}: the same session: {after}");
         assert_eq!((&after["marker_ok"], &after["overlay_seen"]), (&json!(true), &json!(false)), "{e}: {after}");
         assert!(after["resumes"].as_u64().unwrap() >= 1, "{e}: {after}");
