@@ -72,6 +72,8 @@ const DOCS_PATH: &str = "/__docs__/";
 pub struct Served {
     pub worker: Option<WorkerId>,
     pub waited: Duration,
+    /// Who the request came from, as a trusted proxy said.
+    pub user: Option<String>,
 }
 
 /// What every forwarded request shares.
@@ -265,7 +267,7 @@ impl Forwarder {
                 }
             }
         };
-        let mut head = worker_head(parts, path, peer, &cfg.prefix, &payload, websocket);
+        let mut head = worker_head(parts, path, peer, &cfg.prefix, &payload, websocket, cfg.is_shiny());
         if matches!(offer, Offer::New { .. }) {
             resume::plain_upgrade(&mut head.headers);
         }
