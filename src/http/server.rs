@@ -151,7 +151,7 @@ impl Front {
                 duration_ms = took.as_secs_f64() * 1e3,
                 queue_ms = served.waited.as_secs_f64() * 1e3,
                 worker = served.worker,
-                user = served.user.as_deref().unwrap_or("-"),
+                user = %served.user.as_deref().unwrap_or("-"),
                 "request"
             );
         }

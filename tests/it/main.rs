@@ -8,6 +8,7 @@ mod deps;
 mod fidelity;
 mod guard;
 mod harness;
+mod identity;
 mod layers;
 mod lifecycle;
 mod placement;
