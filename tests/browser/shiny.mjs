@@ -110,7 +110,10 @@ try {
     });
     await page.waitForFunction(() => (document.querySelector("#who")?.textContent || "").startsWith("user="),
       null, { timeout: 30000 });
-    console.log(JSON.stringify({ who: await page.textContent("#who") }));
+    // The users valve lists for the workers' open sessions, this one's included.
+    const admin = process.env.VALVE_ADMIN;
+    const users = admin ? (await (await fetch(`${admin}/__valve__/status`)).json()).workers.flatMap((w) => w.users) : null;
+    console.log(JSON.stringify({ who: await page.textContent("#who"), users }));
   } else {
     throw new Error(`unknown mode ${mode}`);
   }

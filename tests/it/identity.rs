@@ -254,6 +254,7 @@ fn check_refuses_a_bad_cidr_and_warns_of_an_allow_list_naming_nobody() {
 fn shiny_whoami(valve: &Valve, headers: &str) -> String {
     need_browser();
     let out = Command::new("node")
+        .env("VALVE_ADMIN", valve.admin_url())
         .args(["shiny.mjs", "whoami", &valve.url, headers])
         .current_dir(browser_dir())
         .output()
@@ -273,6 +274,7 @@ fn a_trusted_proxy_names_the_shiny_user_and_a_browser_alone_cannot() {
     let headers = r#"{"X-Forwarded-User":"alice","X-Forwarded-Groups":"staff, admins","Shiny-Server-Credentials":"{\"user\":\"mallory\"}"}"#;
     let seen = shiny_whoami(&valve, headers);
     assert!(seen.contains(r#""who":"user=alice;groups=staff,admins""#), "session$user and session$groups: {seen}");
+    assert!(seen.contains(r#""users":["alice"]"#), "the status lists the session's user: {seen}");
     valve.wait_for_log("path=/websocket/ status=101", Duration::from_secs(10));
     assert!(valve.log().lines().any(|l| l.contains("path=/websocket/") && l.contains("user=alice")), "{}", valve.log());
 
@@ -280,4 +282,5 @@ fn a_trusted_proxy_names_the_shiny_user_and_a_browser_alone_cannot() {
     let untrusted = Valve::start(&["-f", app.to_str().unwrap(), "--trusted-proxies", "10.0.0.0/8"]);
     let seen = shiny_whoami(&untrusted, headers);
     assert!(seen.contains(r#""who":"user=NULL;groups=NULL""#), "{seen}");
+    assert!(seen.contains(r#""users":[]"#), "{seen}");
 }
