@@ -339,7 +339,7 @@ impl Args {
             env: Vec::new(),
             source,
         }
-        .without_workers_if_static())
+        .fit_to_source())
     }
 
     fn server(&self, max_workers: usize) -> Result<Server, ConfigError> {

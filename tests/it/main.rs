@@ -5,6 +5,7 @@ mod apps;
 mod asyncness;
 mod cut;
 mod deps;
+mod engines;
 mod fidelity;
 mod guard;
 mod harness;
