@@ -19,4 +19,5 @@ mod rmarkdown;
 mod rules;
 mod scaling;
 mod shiny;
+mod site;
 mod statics;

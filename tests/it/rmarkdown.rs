@@ -15,7 +15,7 @@ use crate::harness::{fixture, need_program, need_r_packages, valve_bin, wait_unt
 use crate::reconnect::Page;
 
 /// What an interactive document needs besides R and Shiny.
-fn need_rmarkdown() {
+pub fn need_rmarkdown() {
     need_r_packages(&["shiny", "rmarkdown", "knitr"]);
     need_program("pandoc", "pandoc");
 }
@@ -35,7 +35,7 @@ fn renders(log: &Path) -> usize {
     std::fs::read_to_string(log).map(|t| t.lines().count()).unwrap_or(0)
 }
 
-fn get(url: &str) -> (u16, String) {
+pub fn get(url: &str) -> (u16, String) {
     let out = Command::new("curl").args(["-s", "--max-time", "60", "-w", "\n%{http_code}", url]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
@@ -43,7 +43,7 @@ fn get(url: &str) -> (u16, String) {
 }
 
 /// JavaScript for `eval`: waits (up to 30 s) until `cond` (an expression) holds, then gives `value`.
-fn wait_js(cond: &str, value: &str) -> String {
+pub fn wait_js(cond: &str, value: &str) -> String {
     format!(
         "new Promise((ok, no) => {{ const t0 = Date.now(); const poll = () => {{ \
            try {{ if ({cond}) return ok({value}); }} catch (e) {{}} \
@@ -54,7 +54,7 @@ fn wait_js(cond: &str, value: &str) -> String {
 }
 
 /// The text of the first Shiny text output that contains `needle`, once there is one.
-fn output_with(needle: &str) -> String {
+pub fn output_with(needle: &str) -> String {
     let find = format!(
         "Array.from(document.querySelectorAll('.shiny-text-output')).map(e => e.textContent).find(t => t.includes('{needle}'))"
     );
