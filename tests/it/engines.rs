@@ -56,16 +56,22 @@ pub fn engine_library() -> &'static Path {
         std::fs::write(src.join("NAMESPACE"), NAMESPACE).unwrap();
         std::fs::write(src.join("R/launch.R"), LAUNCH).unwrap();
         let lib = root.join("lib");
-        std::fs::create_dir_all(&lib).unwrap();
-        let out = Command::new("R").arg("CMD").arg("INSTALL").arg("-l").arg(&lib).arg(&src).output().unwrap();
-        assert!(
-            out.status.success(),
-            "R CMD INSTALL of the test engine failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        install(&src, &lib);
         lib
     })
+}
+
+/// `R CMD INSTALL -l lib src`, as the README says to install an engine.
+fn install(src: &Path, lib: &Path) {
+    std::fs::create_dir_all(lib).unwrap();
+    let out = Command::new("R").arg("CMD").arg("INSTALL").arg("-l").arg(lib).arg(src).output().unwrap();
+    assert!(
+        out.status.success(),
+        "R CMD INSTALL of {} failed:\n{}{}",
+        src.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// valve's environment for workers that need the test engine.
@@ -189,4 +195,20 @@ fn an_engine_that_never_listens_stops_valve_naming_the_address() {
     assert!(out.stderr.contains("the engine never listened on 127.0.0.1:"), "{}", out.stderr);
     assert!(out.stderr.contains("within 5s"), "{}", out.stderr);
     assert!(out.stderr.contains("launch_server"), "what to look at: {}", out.stderr);
+}
+
+#[test]
+fn the_readme_example_engine_installs_and_serves_its_app() {
+    need_r_packages(&["httpuv", "yaml"]);
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let lib = tempfile::tempdir().unwrap();
+    install(&examples.join("tinyengine"), lib.path());
+    let valve = Valve::start_with_env(
+        &["-f", examples.join("hello-engine").to_str().unwrap()],
+        &[("R_LIBS", lib.path().to_str().unwrap())],
+    );
+    let out = Command::new("curl").args(["-s", "--max-time", "30", &valve.get("/hi?name=valve")]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.starts_with("Hello from _server.yml, valve! (tinyengine, R process "), "{said}");
+    assert!(said.contains("path /hi"), "{said}");
 }
