@@ -358,7 +358,7 @@ impl<'a> Cx<'a> {
                 env: env?,
                 source: source?,
             }
-            .without_workers_if_static(),
+            .fit_to_source(),
         )
     }
 

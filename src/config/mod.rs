@@ -7,8 +7,8 @@
 //! the first before anything binds a port or starts R.
 //!
 //! Its files, from the bottom: `error` (refusals and units), `rmd`
-//! (interactive R Markdown: front matter, a folder's document, what a
-//! render writes), `discover` (what kind of app a path is), `model` (the
+//! (interactive R Markdown and Quarto: front matter, a folder's document,
+//! what a render writes), `engine` (`_server.yml`: the engine it names), `discover` (what kind of app a path is), `model` (the
 //! checked `Config`, app names and prefixes, valve's own admin path),
 //! `problems` (a config file's
 //! problems with line and column), `keys` (the names of its settings),
@@ -16,6 +16,7 @@
 //! (where a configuration comes from, for reloads).
 
 mod discover;
+mod engine;
 mod error;
 mod file;
 mod flags;
