@@ -232,8 +232,21 @@ fn report_start_error(config: &Config, app: &str, path: &str, e: &StartError) {
     let source = config.apps.iter().find(|a| a.name == app).map(|a| &a.source);
     let shiny = source.is_some_and(|s| s.is_shiny());
     let document = source.is_some_and(|s| matches!(s, AppSource::ShinyRmd { .. }));
+    let engine = match source {
+        Some(AppSource::ServerYml { engine, settings, .. }) => Some((engine.as_str(), settings.display().to_string())),
+        _ => None,
+    };
     let hint = match e {
-        StartError::NoR { .. } | StartError::Io(_) => return,
+        StartError::NoR { .. } | StartError::Io(_) | StartError::NoQuarto { .. } => return,
+        _ if e.missing_package() && engine.is_some() => {
+            let (engine, _) = engine.unwrap_or_default();
+            format!("install the engine package into a library the workers see: R -e 'install.packages(\"{engine}\")' (or R CMD INSTALL -l LIB its source, with R_LIBS=LIB in valve's environment)")
+        }
+        StartError::NeverListened { .. } | StartError::Exited { .. } if engine.is_some() => {
+            let (engine, settings) = engine.unwrap_or_default();
+            format!("run it in R to see the problem: R -e 'get(\"launch_server\", asNamespace(\"{engine}\"))(\"{settings}\", \"127.0.0.1\", 8000L)'")
+        }
+        StartError::NeverListened { .. } => "raise --start-timeout if the app needs longer to load".to_string(),
         StartError::Render(r) if r.message.contains("pandoc") && !e.missing_package() => {
             "rendering needs pandoc: install it (`apt-get install pandoc`) or put it on the PATH".to_string()
         }

@@ -468,7 +468,7 @@ pub fn fingerprint(source: &AppSource) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     let mut files = Vec::new();
     match source {
-        AppSource::PlumberDir(d) => walk(d, 0, &mut files),
+        AppSource::PlumberDir(d) | AppSource::ServerYml { dir: d, .. } => walk(d, 0, &mut files),
         AppSource::ShinyRmd { doc, .. } => {
             if let Some(dir) = doc.parent() {
                 walk(dir, 0, &mut files);

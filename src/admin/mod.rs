@@ -255,6 +255,7 @@ pub fn listing(table: &Table) -> Response<ReplyBody> {
         let c = &m.config;
         let kind = match &c.source {
             AppSource::ShinyRmd { .. } => "interactive document",
+            AppSource::ServerYml { .. } => "_server.yml app",
             AppSource::Static(_) => "static content",
             s if s.is_shiny() => "Shiny app",
             _ => "plumber API",

@@ -3,11 +3,14 @@
 //! `shiny::runApp(dir)` takes `server.R`, else `app.R` (no `ui.R` needed);
 //! `rmarkdown::run(dir = )` takes its document (`rmd`: the one `.Rmd`, else
 //! `index.Rmd`...) when it is interactive; all of them matched without
-//! regard to case, as R does. A folder with none of those and an
-//! `index.html` is static content, served by valve itself (no R).
+//! regard to case, as R does. A folder whose `_server.yml` names an engine
+//! package is that engine's app, before anything else it holds; a Quarto
+//! document with `server: shiny` comes after R Markdown. A folder with none
+//! of those and an `index.html` is static content, served by valve itself (no R).
 
 use std::path::{Path, PathBuf};
 
+use super::engine;
 use super::error::ConfigError;
 use super::rmd::{self, Runtime};
 
@@ -27,6 +30,9 @@ pub enum AppSource {
     ShinyRmd { doc: PathBuf, runtime: Runtime, folder: bool },
     /// A folder of files with an `index.html`, served by valve itself: no R.
     Static(PathBuf),
+    /// A folder whose `_server.yml` (`settings`) names `engine`, the R
+    /// package whose `launch_server(settings, host, port)` serves it over HTTP.
+    ServerYml { dir: PathBuf, settings: PathBuf, engine: String },
 }
 
 impl AppSource {
@@ -39,6 +45,7 @@ impl AppSource {
             | AppSource::Shiny(p)
             | AppSource::Static(p) => p,
             AppSource::ShinyRmd { doc, .. } => doc,
+            AppSource::ServerYml { dir, .. } => dir,
         }
     }
 
@@ -54,9 +61,30 @@ impl AppSource {
     pub fn family(&self) -> &'static str {
         match self {
             AppSource::Static(_) => "static",
+            AppSource::ServerYml { .. } => "engine",
             s if s.is_shiny() => "shiny",
             _ => "plumber",
         }
+    }
+
+    /// A plumber API valve can reach over frames (its own protocol): the
+    /// launcher runs plumber itself. Shiny needs httpuv's WebSockets, and an
+    /// engine runs its own HTTP server.
+    pub fn speaks_frames(&self) -> bool {
+        matches!(self, AppSource::PlumberFile(_) | AppSource::PlumberDir(_) | AppSource::PlumberRds(_))
+    }
+
+    /// Whether `--preload` can fork its workers from one loaded parent. An
+    /// engine's `launch_server` loads and serves in one call, with no point
+    /// to fork at, so its workers are always plain R processes.
+    pub fn preloadable(&self) -> bool {
+        !matches!(self, AppSource::ServerYml { .. } | AppSource::Static(_))
+    }
+
+    /// A Quarto document with `server: shiny`: rendered once by `quarto
+    /// render`, then run by rmarkdown as a prerendered document.
+    pub fn quarto(&self) -> bool {
+        matches!(self, AppSource::ShinyRmd { doc, .. } if rmd::is_qmd(doc))
     }
 
     /// Served as a Shiny app (sticky workers, WebSockets, sessions): Shiny
@@ -77,9 +105,11 @@ impl AppSource {
             AppSource::PlumberDir(_) => "plumber-dir",
             AppSource::PlumberRds(_) => "plumber-rds",
             AppSource::Shiny(_) => "shiny",
+            s if s.quarto() => "quarto-shiny",
             AppSource::ShinyRmd { runtime: Runtime::Shiny, .. } => "shiny-rmd",
             AppSource::ShinyRmd { runtime: Runtime::Prerendered, .. } => "shiny-prerendered",
             AppSource::Static(_) => "static",
+            AppSource::ServerYml { .. } => "server-yml",
         }
     }
 
@@ -91,6 +121,7 @@ impl AppSource {
             AppSource::Shiny(p) if p.is_file() => p.parent().unwrap_or(Path::new("/")).to_path_buf(),
             AppSource::ShinyRmd { doc, .. } => doc.parent().unwrap_or(Path::new("/")).to_path_buf(),
             AppSource::PlumberDir(d) | AppSource::Shiny(d) | AppSource::Static(d) => d.clone(),
+            AppSource::ServerYml { dir, .. } => dir.clone(),
             AppSource::PlumberRds(_) => std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
         }
     }
@@ -103,6 +134,7 @@ impl AppSource {
             AppSource::ShinyRmd { doc, folder: true, .. } => doc.parent().and_then(Path::file_name),
             AppSource::Shiny(p) if p.is_file() => p.parent().and_then(Path::file_name),
             AppSource::PlumberDir(p) | AppSource::Shiny(p) | AppSource::Static(p) => p.file_name(),
+            AppSource::ServerYml { dir, .. } => dir.file_name(),
         };
         name.map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "app".to_string())
     }
@@ -138,8 +170,16 @@ pub fn resolve(path: &Path, what: &str) -> Result<AppSource, ConfigError> {
     })?;
     let abs = std::fs::canonicalize(path)
         .map_err(|e| ConfigError::Unreadable { path: shown.clone(), reason: e.to_string() })?;
+    if !meta.is_dir() && engine::is_server_yml(&abs) {
+        // `-f app/_server.yml` names its folder.
+        let dir = abs.parent().unwrap_or(Path::new("/"));
+        return resolve(dir, what);
+    }
     let (app, file) = if meta.is_dir() {
-        if let Some(file) = find_ci(&abs, "entrypoint.R").or_else(|| find_ci(&abs, "plumber.R")) {
+        if let Some(settings) = engine::server_yml_of(&abs) {
+            let engine = engine::engine_of(&settings)?;
+            (AppSource::ServerYml { dir: abs, settings: settings.clone(), engine }, settings)
+        } else if let Some(file) = find_ci(&abs, "entrypoint.R").or_else(|| find_ci(&abs, "plumber.R")) {
             (AppSource::PlumberDir(abs), file)
         } else if let Some(file) = find_ci(&abs, "server.R").or_else(|| find_ci(&abs, "app.R")) {
             (AppSource::Shiny(abs), file)
@@ -150,6 +190,13 @@ pub fn resolve(path: &Path, what: &str) -> Result<AppSource, ConfigError> {
                 (Err(ConfigError::NotInteractive(_)), Some(index)) => (AppSource::Static(abs), index),
                 (Err(e), _) => return Err(e),
             }
+        } else if let Some(doc) = rmd::quarto_document_of(&abs)? {
+            match (rmd::interactive(&doc), index_html(&abs)) {
+                (Ok(runtime), _) => (AppSource::ShinyRmd { doc: doc.clone(), runtime, folder: true }, doc),
+                // A Quarto site or document rendered beside its sources: static.
+                (Err(ConfigError::QuartoNotInteractive(_)), Some(index)) => (AppSource::Static(abs), index),
+                (Err(e), _) => return Err(e),
+            }
         } else if let Some(index) = index_html(&abs) {
             (AppSource::Static(abs), index)
         } else {
@@ -157,7 +204,7 @@ pub fn resolve(path: &Path, what: &str) -> Result<AppSource, ConfigError> {
         }
     } else if abs.extension().is_some_and(|e| e.eq_ignore_ascii_case("rds")) {
         (AppSource::PlumberRds(abs.clone()), abs)
-    } else if rmd::is_rmd(&abs) {
+    } else if rmd::is_rmd(&abs) || rmd::is_qmd(&abs) {
         let runtime = rmd::interactive(&abs)?;
         (AppSource::ShinyRmd { doc: abs.clone(), runtime, folder: false }, abs)
     } else if is_shiny_file(&abs) {
@@ -295,6 +342,40 @@ mod tests {
         let d = dir_with(&["page.html"]);
         let e = resolve_static(d.path()).unwrap_err();
         assert!(matches!(e, ConfigError::NoIndex(_)) && e.to_string().contains("holds no index.html"), "{e}");
+    }
+
+    #[test]
+    fn a_server_yml_folder_is_its_engines_app_before_anything_else() {
+        let d = dir_with(&["plumber.R", "app.R", "index.html"]);
+        std::fs::write(d.path().join("_SERVER.yml"), "engine: plumber2\n").unwrap();
+        let app = resolve(d.path(), "-f").unwrap();
+        assert_eq!((app.kind(), app.family(), app.is_shiny()), ("server-yml", "engine", false));
+        assert!(!app.speaks_frames() && !app.preloadable());
+        let abs = std::fs::canonicalize(d.path()).unwrap();
+        assert_eq!(
+            app,
+            AppSource::ServerYml { dir: abs.clone(), settings: abs.join("_SERVER.yml"), engine: "plumber2".into() }
+        );
+        assert_eq!((app.path(), app.workdir()), (abs.as_path(), abs.clone()));
+        assert_eq!(app.default_name(), d.path().file_name().unwrap().to_string_lossy());
+        assert_eq!(resolve(&d.path().join("_SERVER.yml"), "-f").unwrap(), app, "-f on the file names its folder");
+        std::fs::write(d.path().join("_SERVER.yml"), "engine: [\n").unwrap();
+        assert!(matches!(resolve(d.path(), "-f"), Err(ConfigError::BadServerYml { .. })), "never another kind");
+        std::fs::write(d.path().join("_SERVER.yml"), "routes: x\n").unwrap();
+        assert!(matches!(resolve(d.path(), "-f"), Err(ConfigError::NoEngine { .. })));
+    }
+
+    #[test]
+    fn a_quarto_document_with_server_shiny_is_found_as_a_file_and_in_a_folder() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("dash.qmd"), "---\nserver: shiny\n---\n").unwrap();
+        let app = resolve(&d.path().join("dash.qmd"), "-f").unwrap();
+        assert_eq!((app.kind(), app.family(), app.prerendered(), app.quarto()), ("quarto-shiny", "shiny", true, true));
+        assert_eq!(resolve(d.path(), "-f").unwrap().kind(), "quarto-shiny");
+        std::fs::write(d.path().join("dash.qmd"), "---\ntitle: x\n---\n").unwrap();
+        assert!(matches!(resolve(d.path(), "-f"), Err(ConfigError::QuartoNotInteractive(_))));
+        std::fs::write(d.path().join("index.html"), "").unwrap();
+        assert_eq!(resolve(d.path(), "-f").unwrap().kind(), "static", "rendered beside its source");
     }
 
     #[test]

@@ -6,11 +6,11 @@ use std::time::Duration;
 /// Why a configuration was refused. Each message names the value and what to try.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("app not found: {path} (pass a plumber file, a folder holding entrypoint.R or plumber.R, a Shiny app folder, an interactive R Markdown document, or a folder with index.html for static content with {what})")]
+    #[error("app not found: {path} (pass a plumber file, a folder holding entrypoint.R or plumber.R, a Shiny app folder, an interactive R Markdown or Quarto document, a folder with _server.yml, or a folder with index.html for static content with {what})")]
     NotFound { path: String, what: String },
     #[error("cannot read {path}: {reason}")]
     Unreadable { path: String, reason: String },
-    #[error("folder {0} holds no entrypoint.R, plumber.R, server.R, app.R, R Markdown document or index.html (pass the app file itself with -f)")]
+    #[error("folder {0} holds no _server.yml, entrypoint.R, plumber.R, server.R, app.R, R Markdown or Quarto document, or index.html (pass the app file itself with -f)")]
     EmptyDir(String),
     #[error("static folder not found: {0} (name a folder that holds an index.html)")]
     NoStaticFolder(String),
@@ -24,6 +24,12 @@ pub enum ConfigError {
     NotInteractive(String),
     #[error("cannot read the YAML front matter of {path}: {reason} (fix the lines between the `---` at its top; rmarkdown refuses it too)")]
     BadFrontMatter { path: String, reason: String },
+    #[error("{0} is a Quarto document without `server: shiny`, so there is nothing interactive to serve: add `server: shiny` to the YAML front matter between its `---` lines (or render it with `quarto render` and serve the HTML as static content)")]
+    QuartoNotInteractive(String),
+    #[error("cannot read {path}: it is not YAML: {reason} (fix that line; the engine would refuse it too)")]
+    BadServerYml { path: String, reason: String },
+    #[error("{path} names no engine{found}: add a first line `engine: PKG` naming the R package that runs the app (such as `engine: plumber2`)")]
+    NoEngine { path: String, found: String },
     #[error("--max-sessions must be at least 1")]
     ZeroSessions,
     #[error("--n-min {n_min} is above --n-max {n_max}: raise --n-max or lower --n-min")]
@@ -38,7 +44,7 @@ pub enum ConfigError {
     BadSize { flag: &'static str, value: String },
     #[error("--queue-size must be at least 1")]
     ZeroQueue,
-    #[error("--site {0} holds no app folders (each sub-folder with plumber.R, entrypoint.R, app.R, server.R, an interactive index.Rmd or an index.html is served at /<folder>/)")]
+    #[error("--site {0} holds no app folders (each sub-folder with _server.yml, plumber.R, entrypoint.R, app.R, server.R, an interactive index.Rmd or .qmd, or an index.html is served at /<folder>/)")]
     EmptySite(String),
     #[error(
         "--n-min adds up to {n_min} over the apps, above --max-workers {max}: raise --max-workers or lower --n-min"

@@ -362,7 +362,7 @@ impl<'a> Cx<'a> {
                 allow: allow?,
                 source: source?,
             }
-            .without_workers_if_static(),
+            .fit_to_source(),
         )
     }
 

@@ -24,7 +24,9 @@ use super::site;
 pub struct Args {
     /// The app: a plumber file, a folder holding entrypoint.R or plumber.R, or a router saved with
     /// saveRDS() (.rds); or a Shiny app: a folder holding server.R or app.R, or a file ending in
-    /// shinyApp(). Folders are searched as plumb(dir=) and shiny::runApp() search them.
+    /// shinyApp(). Folders are searched as plumb(dir=) and shiny::runApp() search them. Also an
+    /// interactive .Rmd or .qmd (or its folder), a folder whose _server.yml names an engine
+    /// package, or a folder with index.html (static).
     #[arg(short = 'f', long = "file", env = "VALVE_FILE", default_value = "plumber.R")]
     pub file: PathBuf,
 
@@ -365,7 +367,7 @@ impl Args {
             allow: Default::default(),
             source,
         }
-        .without_workers_if_static())
+        .fit_to_source())
     }
 
     fn server(&self, max_workers: usize) -> Result<Server, ConfigError> {

@@ -8,8 +8,8 @@
 //!
 //! Its files, from the bottom: `access` (who may call: trusted proxies,
 //! identity headers, allow lists), `error` (refusals and units), `rmd`
-//! (interactive R Markdown: front matter, a folder's document, what a
-//! render writes), `discover` (what kind of app a path is), `model` (the
+//! (interactive R Markdown and Quarto: front matter, a folder's document,
+//! what a render writes), `engine` (`_server.yml`: the engine it names), `discover` (what kind of app a path is), `model` (the
 //! checked `Config`, app names and prefixes, valve's own admin path),
 //! `problems` (a config file's
 //! problems with line and column), `keys` (the names of its settings),
@@ -18,6 +18,7 @@
 
 mod access;
 mod discover;
+mod engine;
 mod error;
 mod file;
 mod flags;

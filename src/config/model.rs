@@ -148,12 +148,15 @@ impl AppConfig {
         AppConfig { allow: other.allow.clone(), ..self.clone() } == *other
     }
 
-    /// A static app holds no place in the worker budget: its pool is empty
-    /// for good (`n_min` = `n_max` = 0), whatever the flags or defaults say.
-    pub(super) fn without_workers_if_static(mut self) -> AppConfig {
+    /// What the app's kind allows, whatever the flags or defaults say: a
+    /// static app holds no place in the worker budget (its pool is empty for
+    /// good, `n_min` = `n_max` = 0), and an app that cannot be preloaded (a
+    /// `_server.yml` engine's) runs plain workers.
+    pub(super) fn fit_to_source(mut self) -> AppConfig {
         if self.is_static() {
-            (self.n_min, self.n_max, self.preload) = (0, 0, false);
+            (self.n_min, self.n_max) = (0, 0);
         }
+        self.preload &= self.source.preloadable();
         self
     }
 }

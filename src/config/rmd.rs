@@ -13,7 +13,8 @@
 //!
 //! In a folder: the one `.Rmd` (names starting with `_` or `.` aside), else
 //! `index.Rmd`, else `ui.Rmd`, else the first interactive one; names matched
-//! without regard to case.
+//! without regard to case. A Quarto document (`.qmd`) with `server: shiny`
+//! is found the same way; Quarto renders it, rmarkdown runs it.
 
 use std::path::{Path, PathBuf};
 
@@ -42,6 +43,11 @@ pub enum FrontMatter {
 /// Whether `path`'s name ends in `.Rmd`, in any case.
 pub fn is_rmd(path: &Path) -> bool {
     path.extension().is_some_and(|e| e.eq_ignore_ascii_case("rmd"))
+}
+
+/// Whether `path`'s name ends in `.qmd` (a Quarto document), in any case.
+pub fn is_qmd(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("qmd"))
 }
 
 /// The lines of `text`'s front matter, as `rmarkdown:::partition_yaml_front_matter`
@@ -102,17 +108,32 @@ pub fn runtime_of(path: &Path) -> Result<FrontMatter, ConfigError> {
         .map_err(|reason| ConfigError::BadFrontMatter { path: shown, reason })
 }
 
-/// `path` as an interactive document, or why it is not one.
+/// `path` as an interactive document, or why it is not one. A Quarto
+/// document is interactive only with `server: shiny` (Quarto's one way):
+/// rendered once by `quarto render`, then run as a prerendered document.
 pub fn interactive(path: &Path) -> Result<Runtime, ConfigError> {
+    let shown = path.display().to_string();
     match runtime_of(path)? {
+        FrontMatter::Interactive(Runtime::Prerendered) => Ok(Runtime::Prerendered),
+        _ if is_qmd(path) => Err(ConfigError::QuartoNotInteractive(shown)),
         FrontMatter::Interactive(runtime) => Ok(runtime),
-        FrontMatter::Static => Err(ConfigError::NotInteractive(path.display().to_string())),
+        FrontMatter::Static => Err(ConfigError::NotInteractive(shown)),
     }
 }
 
 /// The document `rmarkdown::run(dir = )` would serve from `dir`, if `dir`
 /// holds any `.Rmd`: `Ok(None)` when it holds none.
 pub fn document_of(dir: &Path) -> Result<Option<PathBuf>, ConfigError> {
+    document_in(dir, is_rmd)
+}
+
+/// A folder's Quarto document, picked as `document_of` picks an R
+/// Markdown one (`index.qmd`, else the one `.qmd`...).
+pub fn quarto_document_of(dir: &Path) -> Result<Option<PathBuf>, ConfigError> {
+    document_in(dir, is_qmd)
+}
+
+fn document_in(dir: &Path, is_doc: fn(&Path) -> bool) -> Result<Option<PathBuf>, ConfigError> {
     let mut docs: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| ConfigError::Unreadable { path: dir.display().to_string(), reason: e.to_string() })?
         .flatten()
@@ -121,7 +142,7 @@ pub fn document_of(dir: &Path) -> Result<Option<PathBuf>, ConfigError> {
             !name.starts_with(['_', '.'])
         })
         .map(|e| e.path())
-        .filter(|p| is_rmd(p) && p.is_file())
+        .filter(|p| is_doc(p) && p.is_file())
         .collect();
     docs.sort();
     if docs.len() <= 1 {
@@ -142,8 +163,9 @@ pub fn document_of(dir: &Path) -> Result<Option<PathBuf>, ConfigError> {
     Ok(docs.into_iter().next())
 }
 
-/// The files rendering `doc` writes beside it (`doc.html`, `doc_files/`,
-/// `doc_cache/`, `doc_data/`): outputs, not the app's source.
+/// The files rendering `doc` (R Markdown or Quarto) writes beside it
+/// (`doc.html`, `doc_files/`, `doc_cache/`, `doc_data/`): outputs, not the
+/// app's source.
 pub fn is_output_of_a_document(path: &Path) -> bool {
     let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else { return false };
     let stem = [".html", "_files", "_cache", "_data"].iter().find_map(|suffix| name.strip_suffix(suffix));
@@ -152,7 +174,7 @@ pub fn is_output_of_a_document(path: &Path) -> bool {
     std::fs::read_dir(dir).is_ok_and(|entries| {
         entries.flatten().any(|e| {
             let p = e.path();
-            is_rmd(&p) && p.file_stem().is_some_and(|s| s.to_string_lossy() == stem)
+            (is_rmd(&p) || is_qmd(&p)) && p.file_stem().is_some_and(|s| s.to_string_lossy() == stem)
         })
     })
 }
@@ -254,6 +276,27 @@ mod tests {
         let e = interactive(&d.path().join("notes.Rmd")).unwrap_err();
         let text = e.to_string();
         assert!(text.contains("notes.Rmd") && text.contains("runtime: shiny"), "{text}");
+    }
+
+    #[test]
+    fn a_quarto_document_is_interactive_only_with_server_shiny() {
+        let d = dir_with(&[
+            ("dash.qmd", "---\nserver: shiny\n---\n"),
+            ("typed.QMD", "---\nserver:\n  type: shiny\n---\n"),
+            ("live.qmd", DOC),
+            ("plain.qmd", STATIC),
+        ]);
+        assert_eq!(interactive(&d.path().join("dash.qmd")).unwrap(), Runtime::Prerendered);
+        assert_eq!(interactive(&d.path().join("typed.QMD")).unwrap(), Runtime::Prerendered);
+        for doc in ["live.qmd", "plain.qmd"] {
+            let e = interactive(&d.path().join(doc)).unwrap_err();
+            assert!(matches!(e, ConfigError::QuartoNotInteractive(_)), "{doc}: {e}");
+            assert!(e.to_string().contains("server: shiny"), "{e}");
+        }
+        let d = dir_with(&[("a.qmd", STATIC), ("index.qmd", "---\nserver: shiny\n---\n"), ("b.Rmd", DOC)]);
+        let found = quarto_document_of(d.path()).unwrap().unwrap();
+        assert_eq!(found.file_name().unwrap(), "index.qmd");
+        assert!(is_output_of_a_document(&d.path().join("index_files")), "Quarto writes index_files/ too");
     }
 
     #[test]

@@ -8,7 +8,8 @@ use super::error::ConfigError;
 use super::model::{valid_name, AppConfig};
 
 /// A folder of apps (`--site DIR`): each sub-folder holding a plumber API, a
-/// Shiny app, an interactive R Markdown document or static content (an
+/// Shiny app, an interactive R Markdown or Quarto document, a `_server.yml`
+/// app or static content (an
 /// `index.html` and no R), served at `/<folder>` with the flags' settings. Folders that
 /// hold no app, hidden ones and names that are not plain URL segments are
 /// skipped (and said so in `notes`).
@@ -43,7 +44,13 @@ pub(super) fn site(
             Ok(source) => apps.push(template(source, name.clone(), format!("/{name}"))?),
             Err(ConfigError::EmptyDir(_)) => {
                 notes.push(format!(
-                    "--site: skipping {}: it holds no plumber.R, entrypoint.R, app.R, server.R, R Markdown document or index.html",
+                    "--site: skipping {}: it holds no _server.yml, plumber.R, entrypoint.R, app.R, server.R, R Markdown or Quarto document, or index.html",
+                    folder.display()
+                ));
+            }
+            Err(ConfigError::QuartoNotInteractive(doc)) => {
+                notes.push(format!(
+                    "--site: skipping {}: its Quarto document {doc} has no `server: shiny` in its front matter",
                     folder.display()
                 ));
             }

@@ -1,7 +1,9 @@
 //! Connections to a worker, of two kinds behind one `Conn`:
 //! - HTTP/1.1 over the worker's private Unix socket (httpuv in the worker:
 //!   Shiny apps, and plumber APIs with `--worker-transport httpuv`), kept
-//!   alive between requests (a Unix socket has no Nagle stall);
+//!   alive between requests (a Unix socket has no Nagle stall), or over
+//!   loopback TCP to a port valve picked (a `_server.yml` engine, which
+//!   runs its own HTTP server: `TcpConnector`);
 //! - a handle to the worker's one frames link (`frames`: valve's own
 //!   protocol, plumber APIs by default).
 //!
@@ -9,12 +11,14 @@
 //! `http::Response` back, so there is one forwarding loop for both.
 
 use std::io;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::UnixStream;
+use tokio::net::{TcpStream, UnixStream};
 
 use super::frames::link::Link;
 use super::wire::{AnswerBody, BoxFuture, SendError, WireBody};
@@ -25,6 +29,9 @@ const PING_PATH: &str = "/__valve__/ping";
 /// One connection to a worker.
 pub struct Conn {
     kind: Kind,
+    /// Used for one exchange only, then closed (`Conn::once`).
+    once: bool,
+    spent: bool,
 }
 
 enum Kind {
@@ -45,15 +52,27 @@ impl Conn {
                 tracing::debug!(error = %e, "worker connection closed");
             }
         });
-        Ok(Conn { kind: Kind::Http(sender) })
+        Ok(Conn { kind: Kind::Http(sender), once: false, spent: false })
     }
 
     pub(crate) fn frames(link: Link) -> Conn {
-        Conn { kind: Kind::Frames(link) }
+        Conn { kind: Kind::Frames(link), once: false, spent: false }
+    }
+
+    /// This connection serves one exchange (a request or a ping) and is then
+    /// given up: keep-alive TCP to an httpuv server stalls ~40 ms a request
+    /// (its Nagle meets valve's delayed ACK), a fresh loopback connection
+    /// costs well under a millisecond.
+    pub fn once(mut self) -> Conn {
+        self.once = true;
+        self
     }
 
     /// Waits until the connection can take a request; fails if it closed.
     pub async fn ready(&mut self) -> Result<(), SendError> {
+        if self.spent {
+            return Err(SendError::Lost(io::Error::other("a connection for one exchange, used")));
+        }
         match &mut self.kind {
             Kind::Http(sender) => Ok(sender.ready().await?),
             Kind::Frames(link) if link.alive() => Ok(()),
@@ -62,6 +81,9 @@ impl Conn {
     }
 
     pub fn is_closed(&self) -> bool {
+        if self.spent {
+            return true;
+        }
         match &self.kind {
             Kind::Http(sender) => sender.is_closed(),
             Kind::Frames(link) => !link.alive(),
@@ -69,6 +91,7 @@ impl Conn {
     }
 
     pub async fn send(&mut self, req: http::Request<WireBody>) -> Result<http::Response<AnswerBody>, SendError> {
+        self.spent = self.once;
         match &mut self.kind {
             Kind::Http(sender) => Ok(sender.send_request(req).await?.map(AnswerBody::Http)),
             Kind::Frames(link) => link.send(req).await,
@@ -79,6 +102,10 @@ impl Conn {
     /// path over HTTP, a P/O exchange over frames. Says the worker's pid when
     /// it knows it (plumber workers say theirs).
     pub async fn ping(&mut self) -> io::Result<Option<u32>> {
+        if self.spent {
+            return Err(io::Error::other("a connection for one exchange, used"));
+        }
+        self.spent = self.once;
         let sender = match &mut self.kind {
             Kind::Http(sender) => sender,
             Kind::Frames(link) => return link.ping().await.map(Some),
@@ -113,6 +140,44 @@ pub trait Connect: Send + Sync {
     /// The pid of the process that must answer (a frames worker's hello is
     /// checked against it); told once the process is known.
     fn expect_pid(&self, _pid: u32) {}
+
+    /// Where the worker's own HTTP server listens, when valve picked a TCP
+    /// address for it (an engine), and whether it ever accepted a
+    /// connection there: what a start-up timeout reports.
+    fn listens_on(&self) -> Option<(SocketAddr, bool)> {
+        None
+    }
+}
+
+/// A worker's HTTP server on a loopback TCP port valve picked for it (a
+/// `_server.yml` engine listens where `launch_server` is told to).
+pub struct TcpConnector {
+    addr: SocketAddr,
+    /// Whether a connection was ever accepted: tells "never listened" from
+    /// "listened but never answered".
+    listened: AtomicBool,
+}
+
+impl TcpConnector {
+    pub fn new(addr: SocketAddr) -> Self {
+        TcpConnector { addr, listened: AtomicBool::new(false) }
+    }
+}
+
+impl Connect for TcpConnector {
+    fn connect(&self, upgradable: bool) -> BoxFuture<'_, io::Result<Conn>> {
+        Box::pin(async move {
+            let stream = TcpStream::connect(self.addr).await?;
+            self.listened.store(true, Ordering::Relaxed);
+            // valve writes a request head and body as it has them; no Nagle stall on its side.
+            stream.set_nodelay(true)?;
+            Ok(Conn::handshake(stream, upgradable).await?.once())
+        })
+    }
+
+    fn listens_on(&self) -> Option<(SocketAddr, bool)> {
+        Some((self.addr, self.listened.load(Ordering::Relaxed)))
+    }
 }
 
 /// A worker's Unix socket.

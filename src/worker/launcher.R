@@ -3,7 +3,12 @@
 #
 # VALVE_APP_KIND: plumber-file, plumber-dir, plumber-rds (a saved router), shiny,
 #   shiny-rmd or shiny-prerendered (an interactive R Markdown document: VALVE_APP
-#   is the document, run as `rmarkdown::run()` runs it, as Shiny Server does).
+#   is the document, run as `rmarkdown::run()` runs it, as Shiny Server does),
+#   quarto-shiny (a Quarto document with `server: shiny`: rendered by the Quarto
+#   CLI in VALVE_QUARTO, then run as a prerendered document, as the
+#   quarto R package's quarto_serve() does), or server-yml (a folder whose _server.yml
+#   names an engine package: VALVE_ENGINE's launch_server(VALVE_SETTINGS,
+#   VALVE_ENGINE_HOST, VALVE_ENGINE_PORT) serves it over HTTP, never preloaded).
 # VALVE_MODE=plain: load the API and serve it.
 # VALVE_MODE=render: render a shiny-prerendered document once, before valve
 #   starts its workers, and exit (workers never render it themselves).
@@ -31,7 +36,32 @@ local({
     cat("valve: ", ..., "\n", file = stderr(), sep = "")
     quit(save = "no", status = status)
   }
-  rmd <- app_kind %in% c("shiny-rmd", "shiny-prerendered")
+  # A _server.yml app: the engine named in it serves the folder, as the
+  # convention (plumber2's vignette "_server.yml") has a host do it, on the
+  # loopback port valve picked. It needs nothing of valve's R side.
+  if (identical(app_kind, "server-yml")) {
+    engine <- Sys.getenv("VALVE_ENGINE")
+    settings <- Sys.getenv("VALVE_SETTINGS")
+    if (!requireNamespace(engine, quietly = TRUE)) {
+      fail(3, "the engine package '", engine, "' named in ", settings, " is not installed for R ",
+           as.character(getRversion()), " (library paths: ", paste(.libPaths(), collapse = ", "),
+           "): install it with install.packages(\"", engine, "\") or R CMD INSTALL its source",
+           " into a library R finds (R_LIBS)")
+    }
+    launch <- tryCatch(get("launch_server", envir = asNamespace(engine), mode = "function"), error = function(e) NULL)
+    if (is.null(launch)) {
+      fail(4, "the package '", engine, "' named in ", settings,
+           " has no launch_server() function, so it is no _server.yml engine")
+    }
+    launch(settings = settings, host = Sys.getenv("VALVE_ENGINE_HOST"),
+           port = as.integer(Sys.getenv("VALVE_ENGINE_PORT")))
+    # The convention's launch_server() blocks while it serves; one that
+    # started its server in the background returned: turn its event loop.
+    if (requireNamespace("later", quietly = TRUE)) repeat later::run_now(timeoutSecs = 3600)
+    quit(save = "no")
+  }
+
+  rmd <- app_kind %in% c("shiny-rmd", "shiny-prerendered", "quarto-shiny")
   shiny <- identical(app_kind, "shiny") || rmd
   for (pkg in c(if (shiny) "shiny" else "plumber", "httpuv", if (rmd) "rmarkdown")) {
     if (!requireNamespace(pkg, quietly = TRUE)) {
@@ -151,6 +181,17 @@ local({
       cat("valve-render: kept ", html, "\n", sep = "")
       quit(save = "no", status = 0)
     }
+    if (identical(app_kind, "quarto-shiny")) {
+      # As the quarto R package's quarto_serve() renders before rmarkdown::run(): the Quarto
+      # CLI writes doc.html (and doc_files/) beside the document.
+      status <- system2(Sys.getenv("VALVE_QUARTO"), c("render", shQuote(app_path)))
+      if (!identical(as.integer(status), 0L)) {
+        fail(5, "valve-render-failed: quarto render ", app_path, " exited with status ", status,
+             " (Quarto's message is above)")
+      }
+      cat("valve-render: rendered ", html, " with quarto\n", sep = "")
+      quit(save = "no", status = 0)
+    }
     where <- NULL
     rendered <- tryCatch(
       withCallingHandlers(
@@ -199,7 +240,7 @@ local({
       # document as the default, no auto-reload (valve reloads), and the port
       # passed through to shiny::runApp(). A prerendered document was rendered
       # by valve already: rmarkdown must not render it again in each worker.
-      if (identical(app_kind, "shiny-prerendered")) Sys.setenv(RMARKDOWN_RUN_PRERENDER = "0")
+      if (app_kind %in% c("shiny-prerendered", "quarto-shiny")) Sys.setenv(RMARKDOWN_RUN_PRERENDER = "0")
       rmarkdown::run(file = NULL, dir = dirname(app_path), default_file = basename(app_path),
                      shiny_args = list(port = socket, launch.browser = FALSE, quiet = TRUE),
                      render_args = list(envir = globalenv()), auto_reload = FALSE)

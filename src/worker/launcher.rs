@@ -1,22 +1,25 @@
 //! `RLauncher`: the real `Launch`, starting plain R processes (`spawn`) or
-//! forks of a preloaded parent (`fork`), each with its connector (frames or
-//! the worker's Unix socket), after the one render a `shiny_prerendered`
-//! document needs (`render`).
+//! forks of a preloaded parent (`fork`), each with its connector (frames,
+//! the worker's Unix socket, or for a `_server.yml` engine a loopback TCP
+//! port picked for it), after the one render a `shiny_prerendered` or
+//! Quarto document needs (`render`).
 
 use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Stdio;
 use std::sync::Arc;
 
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
-use super::conn::{Connect, SocketConnector};
+use super::conn::{Connect, SocketConnector, TcpConnector};
 use super::fork;
 use super::output::{self, Tail};
 use super::process::{Launch, Launched, Process, StartError};
 use super::render;
 use super::spawn::{Plain, Spawner, Spec};
 use super::wire::{BoxFuture, WorkerId};
+use crate::config::AppSource;
 
 /// Starts real R workers: plain R processes, or forks of a preloaded parent.
 pub struct RLauncher {
@@ -32,6 +35,7 @@ pub struct RLauncher {
 impl RLauncher {
     /// Must be called inside the tokio runtime that will own the workers.
     pub fn new(spec: Spec, preload: bool) -> io::Result<Self> {
+        let preload = preload && spec.app.preloadable();
         Ok(RLauncher {
             spec: Arc::new(spec),
             spawner: Spawner::new()?,
@@ -48,16 +52,27 @@ impl Launch for RLauncher {
             self.prepare().await?;
             let socket = self.spec.socket_path(id);
             let _ = std::fs::remove_file(&socket);
+            // An engine listens on a loopback port of its own (what its
+            // launch_server() is given as host and port).
+            let engine_port = match self.spec.app {
+                AppSource::ServerYml { .. } => Some(free_loopback_port()?),
+                _ => None,
+            };
             // A frames worker's hello is expected before the worker can say it.
-            let connector: Arc<dyn Connect> = match &self.spec.frames {
-                Some(hub) => Arc::new(hub.connector(id)),
-                None => Arc::new(SocketConnector::new(socket.clone())),
+            let connector: Arc<dyn Connect> = match (&self.spec.frames, engine_port) {
+                (_, Some(port)) => Arc::new(TcpConnector::new(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))),
+                (Some(hub), None) => Arc::new(hub.connector(id)),
+                (None, None) => Arc::new(SocketConnector::new(socket.clone())),
             };
             let process: Box<dyn Process> = match &self.forks {
                 Some(forks) => Box::new(forks.fork(&self.spec, &self.spawner, id, socket).await?),
                 None => {
                     let mut cmd = self.spec.command("plain");
                     cmd.env("VALVE_SOCKET", &socket).env("VALVE_WORKER_ID", id.to_string()).stdin(Stdio::null());
+                    if let Some(port) = engine_port {
+                        cmd.env("VALVE_ENGINE_HOST", Ipv4Addr::LOCALHOST.to_string())
+                            .env("VALVE_ENGINE_PORT", port.to_string());
+                    }
                     let (mut child, own) = self.spawner.spawn(&self.spec.r_bin, cmd).await?;
                     let pid = child.id().ok_or_else(|| io::Error::other("worker exited at once"))?;
                     let tail = Arc::new(Tail::default());
@@ -75,6 +90,10 @@ impl Launch for RLauncher {
             if !self.spec.app.prerendered() {
                 return Ok(());
             }
+            if self.spec.app.quarto() {
+                render::quarto_binary()
+                    .map_err(|path| StartError::NoQuarto { doc: self.spec.app.path().display().to_string(), path })?;
+            }
             let outcome = self.rendered.get_or_init(|| render::prerender(&self.spec, &self.spawner, &self.stop)).await;
             outcome.clone().map_err(|failed| failed.error(&self.spec))
         })
@@ -88,6 +107,15 @@ impl Launch for RLauncher {
             }
         })
     }
+}
+
+/// A loopback port free now, for an engine to listen on. The kernel picks it
+/// and valve lets it go at once; should another program take it before the
+/// engine binds it, the engine fails to start and is started again on
+/// another (the usual backoff).
+fn free_loopback_port() -> io::Result<u16> {
+    let probe = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    Ok(probe.local_addr()?.port())
 }
 
 /// Launches nothing: static content's generation, whose pool has no room for

@@ -77,6 +77,10 @@ pub enum StartError {
     Exited { status: String, code: Option<i32>, tail: Vec<String> },
     #[error("worker did not answer within {0:?} (raise --start-timeout if the app takes longer to load)")]
     Timeout(Duration, Vec<String>),
+    #[error("the engine {} on {addr} within {timeout:?} (its launch_server() must serve HTTP on the host and port it is given, and block while it serves; raise --start-timeout if it takes longer to load)", if *.listened { "accepted connections but never answered an HTTP request" } else { "never listened" })]
+    NeverListened { addr: String, timeout: Duration, listened: bool, tail: Vec<String> },
+    #[error("{doc} is a Quarto document: serving it needs the Quarto CLI, and `quarto` is not on the PATH ({path}); install Quarto (https://quarto.org/docs/get-started/) or set QUARTO_PATH to the quarto binary")]
+    NoQuarto { doc: String, path: String },
     #[error("cannot start worker: {0}")]
     Io(#[from] io::Error),
     #[error("rendering {} failed: {}", .0.doc, .0.message)]
@@ -100,7 +104,9 @@ impl StartError {
     /// What R printed before it failed, if anything.
     pub fn tail(&self) -> &[String] {
         match self {
-            StartError::Exited { tail, .. } | StartError::Timeout(_, tail) => tail,
+            StartError::Exited { tail, .. } | StartError::Timeout(_, tail) | StartError::NeverListened { tail, .. } => {
+                tail
+            }
             StartError::Render(r) => &r.tail,
             _ => &[],
         }

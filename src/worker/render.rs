@@ -1,6 +1,6 @@
 //! The one render of a `shiny_prerendered` document: one R process
 //! (`launcher.R` in `render` mode) that renders the document to its HTML
-//! beside it, started before any worker of its generation, so workers never
+//! beside it (a Quarto document through `quarto render`), started before any worker of its generation, so workers never
 //! race each other on the same files (they run with
 //! `RMARKDOWN_RUN_PRERENDER=0`). Renders of one document never overlap, even
 //! across generations (a reload while the previous one still renders).
@@ -62,6 +62,10 @@ pub(super) async fn prerender(spec: &Spec, spawner: &Spawner, stop: &Cancellatio
     let started = Instant::now();
     let mut cmd = spec.command("render");
     cmd.stdin(Stdio::null());
+    if spec.app.quarto() {
+        let quarto = quarto_binary().map_err(|path| Failed::new(format!("quarto is not on the PATH ({path})")))?;
+        cmd.env("VALVE_QUARTO", quarto);
+    }
     let (mut child, _own) = spawner.spawn(&spec.r_bin, cmd).await.map_err(|e| Failed::new(e.to_string()))?;
     let pid = child.id().unwrap_or_default();
     let tail = Arc::new(Tail::default());
@@ -112,6 +116,20 @@ pub(super) async fn prerender(spec: &Spec, spawner: &Spawner, stop: &Cancellatio
             Err(Failed { message, code, tail })
         }
     }
+}
+
+/// The Quarto CLI, found as the quarto R package finds it: `QUARTO_PATH`,
+/// else `quarto` on the PATH. Otherwise the PATH searched, for the message.
+pub(super) fn quarto_binary() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("QUARTO_PATH").filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        return if path.is_file() { Ok(path) } else { Err(format!("QUARTO_PATH={} is no file", path.display())) };
+    }
+    let searched = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&searched)
+        .map(|dir| dir.join("quarto"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| format!("searched {}", searched.to_string_lossy()))
 }
 
 /// Logs the render's output as a worker's is logged, and keeps its last lines.

@@ -104,9 +104,9 @@ impl Spec {
     }
 
     /// Workers of this app are reached over frames through `hub` (plumber
-    /// APIs only: Shiny needs httpuv's WebSockets).
+    /// APIs only: Shiny needs httpuv's WebSockets, an engine serves HTTP).
     pub fn over_frames(mut self, hub: Arc<FrameHub>) -> Self {
-        if !self.app.is_shiny() {
+        if self.app.speaks_frames() {
             self.frames = Some(hub);
         }
         self
@@ -138,6 +138,9 @@ impl Spec {
             .kill_on_drop(true);
         if let Some(hub) = &self.frames {
             cmd.envs(hub.env());
+        }
+        if let AppSource::ServerYml { settings, engine, .. } = &self.app {
+            cmd.env("VALVE_ENGINE", engine).env("VALVE_SETTINGS", settings);
         }
         let inherited = match self.env.iter().rev().find(|(k, _)| k == "GLIBC_TUNABLES") {
             Some((_, v)) => Some(v.clone()),
@@ -241,7 +244,12 @@ impl Process for Plain {
             connector.expect_pid(self.pid);
             let answered = tokio::time::timeout(timeout, wait_answering(connector));
             tokio::select! {
-                ready = answered => ready.map_err(|_| StartError::Timeout(timeout, tail.lines())),
+                ready = answered => ready.map_err(|_| match connector.listens_on() {
+                    Some((addr, listened)) => {
+                        StartError::NeverListened { addr: addr.to_string(), timeout, listened, tail: tail.lines() }
+                    }
+                    None => StartError::Timeout(timeout, tail.lines()),
+                }),
                 exit = self.exited() => {
                     // Let the output readers catch R's last words.
                     tokio::time::sleep(Duration::from_millis(50)).await;

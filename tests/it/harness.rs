@@ -234,8 +234,13 @@ impl Valve {
 
     /// Runs valve expecting it to exit on its own (bad flags, a broken API).
     pub fn run_to_exit(args: &[&str], deadline: Duration) -> Failed {
+        Self::run_to_exit_with_env(args, &[], deadline)
+    }
+
+    /// As `run_to_exit`, with `envs` added to valve's environment.
+    pub fn run_to_exit_with_env(args: &[&str], envs: &[(&str, &str)], deadline: Duration) -> Failed {
         let start = Instant::now();
-        let mut child = spawn(args, &[]);
+        let mut child = spawn(args, envs);
         capture(child.stdout.take().unwrap(), "valve stdout", Arc::new(Mutex::new(Vec::new())), None);
         let stderr = child.stderr.take().unwrap();
         let reader = std::thread::spawn(move || {

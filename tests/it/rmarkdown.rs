@@ -15,7 +15,7 @@ use crate::harness::{fixture, need_program, need_r_packages, valve_bin, wait_unt
 use crate::reconnect::Page;
 
 /// What an interactive document needs besides R and Shiny.
-fn need_rmarkdown() {
+pub fn need_rmarkdown() {
     need_r_packages(&["shiny", "rmarkdown", "knitr"]);
     need_program("pandoc", "pandoc");
 }
@@ -35,7 +35,7 @@ fn renders(log: &Path) -> usize {
     std::fs::read_to_string(log).map(|t| t.lines().count()).unwrap_or(0)
 }
 
-fn get(url: &str) -> (u16, String) {
+pub fn get(url: &str) -> (u16, String) {
     let out = Command::new("curl").args(["-s", "--max-time", "60", "-w", "\n%{http_code}", url]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
@@ -43,7 +43,7 @@ fn get(url: &str) -> (u16, String) {
 }
 
 /// JavaScript for `eval`: waits (up to 30 s) until `cond` (an expression) holds, then gives `value`.
-fn wait_js(cond: &str, value: &str) -> String {
+pub fn wait_js(cond: &str, value: &str) -> String {
     format!(
         "new Promise((ok, no) => {{ const t0 = Date.now(); const poll = () => {{ \
            try {{ if ({cond}) return ok({value}); }} catch (e) {{}} \
@@ -54,7 +54,7 @@ fn wait_js(cond: &str, value: &str) -> String {
 }
 
 /// The text of the first Shiny text output that contains `needle`, once there is one.
-fn output_with(needle: &str) -> String {
+pub fn output_with(needle: &str) -> String {
     let find = format!(
         "Array.from(document.querySelectorAll('.shiny-text-output')).map(e => e.textContent).find(t => t.includes('{needle}'))"
     );
@@ -245,4 +245,44 @@ async fn with_preload_documents_are_served_by_forks_of_one_parent() {
         .ask(json!({"op": "eval", "js": wait_js("document.querySelector('#name.shiny-bound-input')", "true")}))
         .await;
     browser.close().await;
+}
+
+/// Quarto documents with `server: shiny` (the Quarto CLI is not in Debian):
+/// found as documents are, named by `--check`, and without `quarto` a
+/// start-up error naming the file and saying to install Quarto.
+#[test]
+fn a_quarto_document_with_server_shiny_is_detected_and_without_quarto_valve_says_to_install_it() {
+    let site = tempfile::tempdir().unwrap();
+    std::fs::create_dir(site.path().join("dash")).unwrap();
+    std::fs::write(
+        site.path().join("dash/Index.qmd"),
+        "---\ntitle: A dashboard\nserver:\n  type: shiny\n---\n\n```{r}\nsliderInput('n', 'n', 1, 10, 3)\n```\n",
+    )
+    .unwrap();
+    std::fs::create_dir(site.path().join("notes")).unwrap();
+    std::fs::write(site.path().join("notes/notes.qmd"), "---\ntitle: static\n---\n").unwrap();
+    let dash = site.path().join("dash");
+
+    let out = Command::new(valve_bin()).args(["-f", dash.to_str().unwrap(), "--check"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && said.contains("dash at / (quarto-shiny, 1-3 workers)"), "{said}");
+    let out = Command::new(valve_bin()).args(["--site", site.path().to_str().unwrap(), "--check"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("dash at /dash (quarto-shiny,") && !said.contains("notes at"), "{said}");
+    let out = Command::new(valve_bin()).args(["-f", site.path().join("notes").to_str().unwrap()]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("notes.qmd is a Quarto document without `server: shiny`"), "{said}");
+
+    // No `quarto` on this PATH (an empty folder) and no QUARTO_PATH.
+    let empty = tempfile::tempdir().unwrap();
+    let out = Valve::run_to_exit_with_env(
+        &["-f", dash.to_str().unwrap(), "--port", "0"],
+        &[("PATH", empty.path().to_str().unwrap()), ("QUARTO_PATH", "")],
+        Duration::from_secs(30),
+    );
+    assert_eq!(out.status.code(), Some(1), "a start-up error: {}", out.stderr);
+    assert!(out.stderr.contains("Index.qmd is a Quarto document"), "names the file: {}", out.stderr);
+    assert!(out.stderr.contains("`quarto` is not on the PATH"), "{}", out.stderr);
+    assert!(out.stderr.contains("install Quarto (https://quarto.org/docs/get-started/)"), "{}", out.stderr);
 }
