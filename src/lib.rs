@@ -159,6 +159,9 @@ pub async fn run(
     for note in &config.notes {
         tracing::info!("{note}");
     }
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     for app in config.apps.iter().filter(|a| !a.is_static()) {
         tracing::info!(app = %app.name, path = %app.source.path().display(), mount = %app.prefix, workers = app.n_min,
             preload = app.preload, "starting workers");

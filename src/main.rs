@@ -52,6 +52,9 @@ fn main() -> ExitCode {
         }
     };
     if args.check {
+        for warning in config.warnings() {
+            eprintln!("valve: warning: {warning}");
+        }
         println!("valve: {} is valid: {}", source.describe(), summary(&config));
         return ExitCode::SUCCESS;
     }

@@ -30,7 +30,7 @@ use std::time::Duration;
 use tokio_util::task::TaskTracker;
 
 use crate::app::{Fleet, Settings, Supervisor};
-use crate::config::{is_output_of_a_document, AppConfig, AppSource, Config, LoadError, Source};
+use crate::config::{is_output_of_a_document, AppConfig, AppSource, Config, LoadError, Source, Trust};
 use crate::http::router::{Mounted, Router, Table};
 use crate::metrics::Registry;
 use crate::worker::{FrameHub, NoWorkers, RLauncher, Spec, StartError};
@@ -89,6 +89,8 @@ struct State {
     /// The settings of the last configuration applied.
     check_unused: Duration,
     grace: Duration,
+    /// Whom valve believes about who calls (the router's table carries it).
+    trust: Arc<Trust>,
     next: u64,
 }
 
@@ -129,6 +131,7 @@ impl Apps {
             state: Mutex::new(State {
                 check_unused: config.server.check_unused,
                 grace: config.server.graceful_timeout,
+                trust: Arc::new(config.server.trust.clone()),
                 ..State::default()
             }),
             reloading: tokio::sync::Mutex::new(()),
@@ -174,7 +177,7 @@ impl Apps {
             .values()
             .map(|s| Arc::new(Mounted { config: s.config.clone(), sup: s.sup.clone(), older: s.older.clone() }))
             .collect();
-        self.router.swap(Table::new(mounted));
+        self.router.swap(Table::new(mounted, state.trust.clone()));
     }
 
     /// The first start: every app is mounted at once (requests wait for their
@@ -232,8 +235,16 @@ impl Apps {
             let mut state = self.lock();
             state.check_unused = config.server.check_unused;
             state.grace = config.server.graceful_timeout;
+            state.trust = Arc::new(config.server.trust.clone());
             for (app, print) in config.apps.iter().zip(prints.iter().copied().chain(std::iter::repeat(0))) {
-                let same = |c: &AppConfig, p: u64| c == app && p == print;
+                // New allow lists hold for the next request: they need no new generation.
+                if let Some(serving) = state.serving.get_mut(&app.name) {
+                    serving.config.allow = app.allow.clone();
+                }
+                if let Some(starting) = state.starting.get_mut(&app.name) {
+                    starting.config.allow = app.allow.clone();
+                }
+                let same = |c: &AppConfig, p: u64| c.same_workers(app) && p == print;
                 if state.serving.get(&app.name).is_some_and(|s| same(&s.config, s.print)) {
                     if let Some(s) = state.starting.remove(&app.name) {
                         stop.push(s.sup);
@@ -435,6 +446,9 @@ impl Reloader {
         }
         for note in &config.notes {
             tracing::info!("{note}");
+        }
+        for warning in config.warnings() {
+            tracing::warn!("{warning}");
         }
         let plan = self.apps.reload(config).await;
         tracing::info!(source = %self.source.describe(), added = ?plan.added, changed = ?plan.changed,

@@ -56,6 +56,8 @@ pub enum ConfigError {
     OutOfRange { flag: &'static str, value: String, range: &'static str },
     #[error("--shiny-buffer-total {total} is below --shiny-session-buffer {session}: the total must hold at least one session's buffer (raise --shiny-buffer-total or lower --shiny-session-buffer)")]
     BufferTotalBelowSession { total: String, session: String },
+    #[error("{flag}: {why}")]
+    Access { flag: &'static str, why: String },
 }
 
 /// `--shiny-reconnect-window`: the longest (a day).

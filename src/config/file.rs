@@ -19,7 +19,7 @@ use super::error::{
     MAX_RECONNECT_WINDOW, MIN_SESSION_BUFFER, RECONNECT_RANGE, SESSION_BUFFER_RANGE,
 };
 use super::flags::Args;
-use super::keys::{edit_distance, flag_name, APP_KEYS, APP_ONLY, SERVER_KEYS};
+use super::keys::{edit_distance, flag_name, ACCESS_KEYS, APP_KEYS, APP_ONLY, SERVER_KEYS};
 use super::model::{self, normal_prefix, valid_name, AppConfig, Config, Server};
 use super::problems::{line_col, Problem, Problems};
 
@@ -123,7 +123,7 @@ impl<'a> Cx<'a> {
 
     fn resolve(&mut self, apps: &[Spanned<Table>], base: &Path) -> Option<Config> {
         let top = self.top;
-        self.unknown_keys(top, &[SERVER_KEYS, APP_KEYS, &["app"]], "at the top level");
+        self.unknown_keys(top, &[SERVER_KEYS, APP_KEYS, ACCESS_KEYS, &["app"]], "at the top level");
         if let Some(v) = top.get("app") {
             if !matches!(v.get_ref(), toml::Value::Array(_)) {
                 self.at(v.span(), "`app` must be a list of tables: write each app as an [[app]] table".into());
@@ -134,7 +134,7 @@ impl<'a> Cx<'a> {
         }
         let mut resolved: Vec<(AppConfig, std::ops::Range<usize>)> = Vec::new();
         for (i, app) in apps.iter().enumerate() {
-            self.unknown_keys(app.get_ref(), &[APP_KEYS, APP_ONLY], "in [[app]]");
+            self.unknown_keys(app.get_ref(), &[APP_KEYS, APP_ONLY, ACCESS_KEYS], "in [[app]]");
             if let Some(a) = self.app(i, app, base, apps.len()) {
                 resolved.push((a, app.span()));
             }
@@ -197,6 +197,7 @@ impl<'a> Cx<'a> {
             self.at(v, format!("log_format = {log_format:?}: use \"text\" or \"json\""));
         }
         let (shiny_session_buffer, shiny_buffer_total) = self.shiny_buffers();
+        let trust = self.trust();
         Some(Server {
             host,
             port,
@@ -213,6 +214,7 @@ impl<'a> Cx<'a> {
             worker_transport: model::transport(&transport),
             shiny_session_buffer: shiny_session_buffer?,
             shiny_buffer_total: shiny_buffer_total?,
+            trust: trust?,
         })
     }
 
@@ -334,6 +336,7 @@ impl<'a> Cx<'a> {
         let queue_timeout = self.seconds("queue_timeout", t, &a.queue_timeout, false);
         let start_timeout = self.seconds("start_timeout", t, &a.start_timeout, false);
         let reconnect_window = self.reconnect_window(t);
+        let allow = self.allow(app.get_ref());
         Some(
             AppConfig {
                 name: name?,
@@ -356,6 +359,7 @@ impl<'a> Cx<'a> {
                 r_bin: r_bin?,
                 start_timeout: start_timeout?,
                 env: env?,
+                allow: allow?,
                 source: source?,
             }
             .fit_to_source(),
@@ -550,6 +554,8 @@ impl<'a> Cx<'a> {
 fn valid_hostname(h: &str) -> bool {
     !h.is_empty() && h.len() <= 253 && h.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b))
 }
+
+mod access;
 
 #[cfg(test)]
 mod tests;

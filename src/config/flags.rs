@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 
+use super::access::{self, Trust, DEFAULT_EMAIL_HEADER, DEFAULT_GROUPS_HEADER, DEFAULT_USER_HEADER};
 use super::discover::{self, AppSource};
 use super::error::{
     check_buffer_total, parse_reconnect_window, parse_seconds, parse_session_buffer, parse_size, ConfigError,
@@ -204,6 +205,30 @@ pub struct Args {
     )]
     pub shiny_buffer_total: String,
 
+    /// Peers whose X-Forwarded-For/Forwarded and identity headers valve believes: addresses or
+    /// CIDRs, comma-separated (a sign-in proxy such as oauth2-proxy, a balancer). Default: nobody,
+    /// not even loopback; from any other peer the identity headers are removed.
+    #[arg(long = "trusted-proxies", env = "VALVE_TRUSTED_PROXIES", default_value = "", value_name = "CIDR,...")]
+    pub trusted_proxies: String,
+
+    /// The header a trusted proxy names the user in.
+    #[arg(long = "user-header", env = "VALVE_USER_HEADER", default_value = DEFAULT_USER_HEADER, value_name = "NAME")]
+    pub user_header: String,
+
+    /// The header a trusted proxy gives the user's email in (the user, when no user header came).
+    #[arg(long = "email-header", env = "VALVE_EMAIL_HEADER", default_value = DEFAULT_EMAIL_HEADER, value_name = "NAME")]
+    pub email_header: String,
+
+    /// The header a trusted proxy lists the user's groups in (comma-separated).
+    #[arg(long = "groups-header", env = "VALVE_GROUPS_HEADER", default_value = DEFAULT_GROUPS_HEADER, value_name = "NAME")]
+    pub groups_header: String,
+
+    /// Where a browser without an identity goes when an app's allow lists refuse it (302), such
+    /// as /oauth2/start?rd={rd}: `{rd}` becomes the URL asked for (escaped); without it, an
+    /// `rd` parameter is added. Unset: 403.
+    #[arg(long = "sign-in-url", env = "VALVE_SIGN_IN_URL", value_name = "URL")]
+    pub sign_in_url: Option<String>,
+
     /// Seconds a client gets to send a request's headers before it is cut off.
     #[arg(long = "header-timeout", env = "VALVE_HEADER_TIMEOUT", default_value = "30", value_name = "SECONDS")]
     pub header_timeout: String,
@@ -339,6 +364,7 @@ impl Args {
             r_bin: self.r_bin.clone(),
             start_timeout: parse_seconds("--start-timeout", &self.start_timeout, false)?,
             env: Vec::new(),
+            allow: Default::default(),
             source,
         }
         .fit_to_source())
@@ -367,6 +393,24 @@ impl Args {
             worker_transport: transport(&self.worker_transport),
             shiny_session_buffer,
             shiny_buffer_total,
+            trust: self.trust()?,
+        })
+    }
+
+    /// `--trusted-proxies`, the identity header names and `--sign-in-url`.
+    pub(super) fn trust(&self) -> Result<Trust, ConfigError> {
+        let bad = |flag: &'static str| move |why: String| ConfigError::Access { flag, why };
+        Ok(Trust {
+            proxies: access::parse_cidrs(&self.trusted_proxies).map_err(bad("--trusted-proxies"))?,
+            user_header: access::header_name(&self.user_header).map_err(bad("--user-header"))?,
+            email_header: access::header_name(&self.email_header).map_err(bad("--email-header"))?,
+            groups_header: access::header_name(&self.groups_header).map_err(bad("--groups-header"))?,
+            sign_in_url: self
+                .sign_in_url
+                .as_deref()
+                .map(access::sign_in_url)
+                .transpose()
+                .map_err(bad("--sign-in-url"))?,
         })
     }
 }

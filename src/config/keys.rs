@@ -23,6 +23,10 @@ pub(super) const APP_KEYS: &[&str] = &[
     "env",
 ];
 
+/// Who may use an app: in an `[[app]]` table (static ones too) and at the
+/// top level, as defaults.
+pub(super) const ACCESS_KEYS: &[&str] = &["allow_users", "allow_groups"];
+
 /// Keys only an `[[app]]` table holds.
 pub(super) const APP_ONLY: &[&str] = &["name", "path", "file", "static", "hostname"];
 
@@ -43,6 +47,11 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "worker_transport",
     "shiny_session_buffer",
     "shiny_buffer_total",
+    "trusted_proxies",
+    "user_header",
+    "email_header",
+    "groups_header",
+    "sign_in_url",
 ];
 
 /// The flag a key stands for, for messages about flag values.

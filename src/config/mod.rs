@@ -6,7 +6,8 @@
 //! `Config` is what valve will do, and the conversion says what is wrong with
 //! the first before anything binds a port or starts R.
 //!
-//! Its files, from the bottom: `error` (refusals and units), `rmd`
+//! Its files, from the bottom: `access` (who may call: trusted proxies,
+//! identity headers, allow lists), `error` (refusals and units), `rmd`
 //! (interactive R Markdown and Quarto: front matter, a folder's document,
 //! what a render writes), `engine` (`_server.yml`: the engine it names), `discover` (what kind of app a path is), `model` (the
 //! checked `Config`, app names and prefixes, valve's own admin path),
@@ -15,6 +16,7 @@
 //! `site` (`--site`), `flags` (clap), `file` (the TOML reader), `source`
 //! (where a configuration comes from, for reloads).
 
+mod access;
 mod discover;
 mod engine;
 mod error;
@@ -27,6 +29,7 @@ mod rmd;
 mod site;
 mod source;
 
+pub use access::{Allow, Cidr, Trust};
 pub use discover::{index_html, AppSource};
 pub use error::{parse_seconds, parse_size, ConfigError};
 pub use flags::Args;

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::access::{Allow, Trust};
 use super::discover::AppSource;
 
 /// valve's own paths: never an app's, never forwarded to R.
@@ -22,6 +23,23 @@ pub struct Config {
     pub apps: Vec<AppConfig>,
     /// Things worth saying at start-up (folders `--site` skipped).
     pub notes: Vec<String>,
+}
+
+impl Config {
+    /// What a configuration that starts may still get wrong (`--check` and
+    /// the start-up log say it): apps nobody can use.
+    pub fn warnings(&self) -> Vec<String> {
+        self.apps
+            .iter()
+            .filter(|a| a.allow.names_nobody())
+            .map(|a| {
+                format!(
+                    "app `{}`: allow_users and allow_groups name nobody, so every request gets 403; list users or groups, or remove both to open it",
+                    a.name
+                )
+            })
+            .collect()
+    }
 }
 
 /// `off` (or empty) turns the admin listener off.
@@ -60,6 +78,8 @@ pub struct Server {
     /// Shiny: the most bytes held for all sessions together. At least
     /// `shiny_session_buffer`.
     pub shiny_buffer_total: u64,
+    /// Who is calling: trusted proxies, identity header names, the sign-in URL.
+    pub trust: Trust,
 }
 
 /// How valve reaches a plumber worker.
@@ -107,6 +127,9 @@ pub struct AppConfig {
     pub start_timeout: Duration,
     /// Extra environment variables for the app's workers.
     pub env: Vec<(String, String)>,
+    /// Who may use it (`allow_users`, `allow_groups`); applied to new
+    /// requests at once on reload, without a new generation.
+    pub allow: Allow,
 }
 
 impl AppConfig {
@@ -117,6 +140,12 @@ impl AppConfig {
     /// Static content: valve serves its files, no R worker ever starts.
     pub fn is_static(&self) -> bool {
         self.source.static_root().is_some()
+    }
+
+    /// Whether `other` needs a new generation of workers to serve: any
+    /// difference but the allow lists, which apply to requests as they come.
+    pub fn same_workers(&self, other: &AppConfig) -> bool {
+        AppConfig { allow: other.allow.clone(), ..self.clone() } == *other
     }
 
     /// What the app's kind allows, whatever the flags or defaults say: a

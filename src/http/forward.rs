@@ -72,6 +72,8 @@ const DOCS_PATH: &str = "/__docs__/";
 pub struct Served {
     pub worker: Option<WorkerId>,
     pub waited: Duration,
+    /// Who the request came from, as a trusted proxy said.
+    pub user: Option<String>,
 }
 
 /// What every forwarded request shares.
@@ -265,7 +267,7 @@ impl Forwarder {
                 }
             }
         };
-        let mut head = worker_head(parts, path, peer, &cfg.prefix, &payload, websocket);
+        let mut head = worker_head(parts, path, peer, &cfg.prefix, &payload, websocket, cfg.is_shiny());
         if matches!(offer, Offer::New { .. }) {
             resume::plain_upgrade(&mut head.headers);
         }
@@ -446,11 +448,17 @@ impl Forwarder {
                                     token,
                                     window,
                                     restart,
+                                    served.user.clone(),
                                 );
                             }
-                            Offer::Plain | Offer::Resume => {
-                                self.splice(client, worker_upgrade, sup.clone(), seat.worker(), token)
-                            }
+                            Offer::Plain | Offer::Resume => self.splice(
+                                client,
+                                worker_upgrade,
+                                sup.clone(),
+                                seat.worker(),
+                                token,
+                                served.user.clone(),
+                            ),
                         }
                         Response::from_parts(parts, ReplyBody::Empty)
                     }
@@ -512,11 +520,13 @@ impl Forwarder {
         sup: Arc<Supervisor>,
         id: WorkerId,
         token: u64,
+        user: Option<String>,
     ) {
         let close = self.close_sessions.clone();
         self.sessions.spawn(async move {
             let (Ok(client), Ok(worker)) = tokio::join!(client, worker) else { return };
             sup.session(id, true, Some(token));
+            let _user = user.map(|u| sup.signed_in(id, u));
             let mut client = TokioIo::new(client);
             let mut worker = TokioIo::new(worker);
             tokio::select! {

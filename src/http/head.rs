@@ -10,7 +10,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Uri};
 
 use super::body::Payload;
-use super::identity::strip_client_identity;
+use super::identity::{to_r, Identity};
 use crate::worker::{ClientAddrs, WireBody};
 
 /// The sticky cookie that ties a browser to its Shiny worker.
@@ -170,7 +170,8 @@ pub(super) fn under_prefix(headers: &mut HeaderMap, prefix: &str) {
 }
 
 /// The request as the worker receives it: origin-form target inside the app,
-/// no hop-by-hop headers, no identity headers a client sent (no client names
+/// no hop-by-hop headers, the identity a trusted proxy gave written by valve
+/// (the front removed every identity header a client sent: no client names
 /// itself a user), the body's real length, `X-Forwarded-*` added (the
 /// client's own `X-Forwarded-For` is kept and appended to, never taken as the
 /// peer address; `-Proto` and `-Host` are set only when absent: an outer proxy
@@ -182,6 +183,7 @@ pub(super) fn worker_head(
     prefix: &str,
     payload: &Payload,
     websocket: bool,
+    shiny: bool,
 ) -> Head {
     let target = match parts.uri.query() {
         Some(q) => format!("{path}?{q}"),
@@ -190,9 +192,8 @@ pub(super) fn worker_head(
     let uri = target.parse().unwrap_or_else(|_| Uri::from_static("/"));
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
-    let spoofed = strip_client_identity(&mut headers);
-    if !spoofed.is_empty() {
-        tracing::debug!(peer = %peer, headers = ?spoofed, "identity headers from a client removed");
+    if let Some(who) = parts.extensions.get::<Identity>() {
+        to_r(&mut headers, who, shiny);
     }
     let ip = peer.ip().to_string();
     let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {

@@ -1,12 +1,15 @@
 //! HTTP in front of the apps: the listener and its drain (`server`), which
-//! app a request goes to (`router`), the one forwarding loop (`forward`),
+//! app a request goes to (`router`), who is calling and may they (`access`,
+//! over `forwarded`, the client's address behind trusted proxies), the one forwarding loop (`forward`),
 //! static content's files (`files`), bodies held whole (`body`), what goes
 //! back to clients (`reply`), and the identity headers no client may set
 //! (`identity`).
 
+mod access;
 pub mod body;
 mod files;
 pub mod forward;
+mod forwarded;
 mod head;
 pub mod identity;
 pub mod reply;

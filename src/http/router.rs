@@ -5,7 +5,7 @@
 use std::sync::{Arc, RwLock};
 
 use crate::app::Supervisor;
-use crate::config::AppConfig;
+use crate::config::{AppConfig, Trust};
 
 /// An app as the router serves it.
 pub struct Mounted {
@@ -27,17 +27,19 @@ pub enum Routed {
     Nowhere,
 }
 
-/// The apps, in matching order.
+/// The apps, in matching order, and whom valve believes about who calls
+/// (swapped with them, so a reload's rules hold for the next request).
 #[derive(Default)]
 pub struct Table {
     routes: Vec<Arc<Mounted>>,
+    pub trust: Arc<Trust>,
 }
 
 impl Table {
-    pub fn new(mut routes: Vec<Arc<Mounted>>) -> Table {
+    pub fn new(mut routes: Vec<Arc<Mounted>>, trust: Arc<Trust>) -> Table {
         // Hostname-specific routes first, then longer prefixes first.
         routes.sort_by_key(|m| (m.config.hostname.is_none(), std::cmp::Reverse(m.config.prefix.len())));
-        Table { routes }
+        Table { routes, trust }
     }
 
     pub fn apps(&self) -> &[Arc<Mounted>] {

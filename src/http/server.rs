@@ -22,11 +22,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::access::{decide, Asking, Gate};
 use super::forward::{Forwarder, Served};
+use super::head::is_websocket;
+use super::identity::{strip_client_identity, BadIdentity, MAX_IDENTITY_BYTES};
 use super::reply::{error, redirect, ReplyBody};
 use super::resume;
-use super::router::{Routed, Router, Table};
-use crate::config::is_admin_path;
+use super::router::{Mounted, Routed, Router, Table};
+use crate::config::{is_admin_path, Trust};
+use crate::metrics::Rejection;
 use crate::shutdown::Shutdown;
 use crate::worker::ClientAddrs;
 
@@ -110,7 +114,7 @@ impl Front {
         Ok(resp)
     }
 
-    async fn answer(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ReplyBody> {
+    async fn answer(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<ReplyBody> {
         if resume::wants_script(req.uri().path()) && matches!(*req.method(), Method::GET | Method::HEAD) {
             return reconnect_script();
         }
@@ -130,7 +134,10 @@ impl Front {
         // The path only: query strings can carry secrets.
         let path = self.access_log.then(|| req.uri().path().to_owned());
         let mut served = Served::default();
-        let resp = self.forwarder.forward(&mounted, &inner, req, peer, &mut served).await;
+        let resp = match gate(&table.trust, &mounted, &mut req, peer, &mut served) {
+            Some(refused) => refused,
+            None => self.forwarder.forward(&mounted, &inner, req, peer, &mut served).await,
+        };
         let took = start.elapsed();
         let status = resp.status().as_u16();
         mounted.sup.metrics.request(&method, status, took);
@@ -144,10 +151,72 @@ impl Front {
                 duration_ms = took.as_secs_f64() * 1e3,
                 queue_ms = served.waited.as_secs_f64() * 1e3,
                 worker = served.worker,
+                user = %served.user.as_deref().unwrap_or("-"),
                 "request"
             );
         }
         resp
+    }
+}
+
+/// Who is calling, and may they: obeys `access::decide` before any worker
+/// is asked. An admitted request carries its client's address (what R's
+/// `REMOTE_ADDR` says) and identity (which only valve writes for R) in its
+/// extensions; a refused one gets its answer here.
+fn gate(
+    trust: &Trust,
+    app: &Mounted,
+    req: &mut Request<Incoming>,
+    peer: SocketAddr,
+    served: &mut Served,
+) -> Option<Response<ReplyBody>> {
+    let target = req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/").to_owned();
+    let ask =
+        Asking { peer, method: req.method(), headers: req.headers(), target: &target, websocket: is_websocket(req) };
+    let gate = decide(trust, &app.config.allow, &ask);
+    let removed = strip_client_identity(req.headers_mut(), trust);
+    let metrics = &app.sup.metrics;
+    match gate {
+        Gate::Admit { client, who } => {
+            if who.is_none() && !removed.is_empty() {
+                tracing::debug!(%peer, headers = ?removed, "identity headers from a client removed");
+            }
+            if let Some(addrs) = req.extensions_mut().get_mut::<ClientAddrs>() {
+                addrs.remote = client;
+            }
+            served.user = who.as_ref().map(|w| w.user.clone());
+            if let Some(who) = who {
+                req.extensions_mut().insert(who);
+            }
+            None
+        }
+        Gate::Forbid { who } => {
+            metrics.reject(Rejection::AccessDenied);
+            served.user = who.map(|w| w.user);
+            let message = match &served.user {
+                Some(user) => format!("{user} may not use this app"),
+                None => "this app is open to signed-in users it names; sign in first".to_string(),
+            };
+            Some(error(StatusCode::FORBIDDEN, &message))
+        }
+        Gate::SignIn(location) => {
+            metrics.reject(Rejection::SignIn);
+            let mut resp = redirect(&location);
+            *resp.status_mut() = StatusCode::FOUND;
+            Some(resp)
+        }
+        Gate::Bad(bad) => {
+            metrics.reject(Rejection::BadRequest);
+            Some(match bad {
+                BadIdentity::TooLong(header) => error(
+                    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    &format!("the identity header {header} is longer than {} KiB", MAX_IDENTITY_BYTES / 1024),
+                ),
+                BadIdentity::NotUtf8(header) => {
+                    error(StatusCode::BAD_REQUEST, &format!("the identity header {header} is not valid UTF-8"))
+                }
+            })
+        }
     }
 }
 

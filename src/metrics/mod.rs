@@ -79,10 +79,14 @@ pub enum Rejection {
     WorkerFailed,
     RequestTimeout,
     BadRequest,
+    /// The app's allow lists refused the caller (403).
+    AccessDenied,
+    /// A browser without an identity was sent to the sign-in URL (302).
+    SignIn,
 }
 
 impl Rejection {
-    const ALL: [Rejection; 7] = [
+    const ALL: [Rejection; 9] = [
         Rejection::QueueFull,
         Rejection::QueueTimeout,
         Rejection::ShuttingDown,
@@ -90,6 +94,8 @@ impl Rejection {
         Rejection::WorkerFailed,
         Rejection::RequestTimeout,
         Rejection::BadRequest,
+        Rejection::AccessDenied,
+        Rejection::SignIn,
     ];
 
     fn as_str(self) -> &'static str {
@@ -101,6 +107,8 @@ impl Rejection {
             Rejection::WorkerFailed => "worker_failed",
             Rejection::RequestTimeout => "request_timeout",
             Rejection::BadRequest => "bad_request",
+            Rejection::AccessDenied => "access_denied",
+            Rejection::SignIn => "sign_in",
         }
     }
 }

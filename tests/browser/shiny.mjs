@@ -1,5 +1,5 @@
 // Drives Shiny's own example apps through valve in Debian's headless chromium.
-// Usage: node shiny.mjs hello|upload|download|survive|keep|whoami VALVE_URL [SESSIONS]
+// Usage: node shiny.mjs hello|upload|download|survive|keep|whoami VALVE_URL [SESSIONS | whoami's HEADERS as JSON]
 // Prints JSON lines with what it saw; exits non-zero when a check fails.
 // `survive` prints {"ready":true}, waits for a line on stdin (the test kills
 // the session's worker meanwhile), then reloads and checks the app works.
@@ -101,15 +101,19 @@ try {
     console.log(JSON.stringify({ fresh: true }));
   } else if (mode === "whoami") {
     // A browser that names itself a user on every request, the WebSocket's
-    // handshake included, in both spellings R reads as one header.
-    const page = await session({
+    // handshake included, in both spellings R reads as one header; or, given
+    // a JSON object of headers, a browser behind a sign-in proxy that adds them.
+    const page = await session(count ? JSON.parse(count) : {
       "Shiny-Server-Credentials": JSON.stringify({ user: "mallory", groups: ["admin"] }),
       "X-Forwarded-User": "mallory",
       "X-Forwarded-Groups": "admin",
     });
     await page.waitForFunction(() => (document.querySelector("#who")?.textContent || "").startsWith("user="),
       null, { timeout: 30000 });
-    console.log(JSON.stringify({ who: await page.textContent("#who") }));
+    // The users valve lists for the workers' open sessions, this one's included.
+    const admin = process.env.VALVE_ADMIN;
+    const users = admin ? (await (await fetch(`${admin}/__valve__/status`)).json()).workers.flatMap((w) => w.users) : null;
+    console.log(JSON.stringify({ who: await page.textContent("#who"), users }));
   } else {
     throw new Error(`unknown mode ${mode}`);
   }

@@ -9,6 +9,7 @@ mod engines;
 mod fidelity;
 mod guard;
 mod harness;
+mod identity;
 mod layers;
 mod lifecycle;
 mod placement;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::harness::{need_browser, need_program, pid_alive, shiny_example, wait_until, Valve};
 
-fn browser_dir() -> std::path::PathBuf {
+pub(crate) fn browser_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
 }
 

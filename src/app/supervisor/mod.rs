@@ -116,6 +116,9 @@ pub struct Supervisor {
     tasks: TaskTracker,
     /// Stops the app's background loop.
     loops: CancellationToken,
+    /// Shiny: the signed-in users of each worker's open sessions, for the
+    /// status page (its own lock, never taken with the fleet's held).
+    users: Mutex<BTreeMap<WorkerId, Vec<String>>>,
 }
 
 pub(super) type Waiter = oneshot::Sender<Lease>;
@@ -177,6 +180,7 @@ impl Supervisor {
             changed: Notify::new(),
             tasks: TaskTracker::new(),
             loops: CancellationToken::new(),
+            users: Mutex::new(BTreeMap::new()),
         });
         fleet.lock().apps.insert(
             key,

@@ -177,6 +177,26 @@ impl Supervisor {
         }
     }
 
+    /// A signed-in user's Shiny session on worker `id`: listed on the status
+    /// page until the returned guard is dropped (the session ends).
+    pub fn signed_in(self: &Arc<Self>, id: WorkerId, user: String) -> SignedIn {
+        self.session_user(id, &user, true);
+        SignedIn { sup: self.clone(), id, user }
+    }
+
+    fn session_user(&self, id: WorkerId, user: &str, open: bool) {
+        let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        let list = users.entry(id).or_default();
+        if open {
+            list.push(user.to_string());
+        } else if let Some(i) = list.iter().position(|u| u == user) {
+            list.remove(i);
+        }
+        if list.is_empty() {
+            users.remove(&id);
+        }
+    }
+
     /// Takes a worker out of service now (a Shiny worker that broke or hung).
     pub fn retire(self: &Arc<Self>, id: WorkerId, reason: Retire) {
         if let Some((_, after)) = self.with_growth(|app, after| self.feed(app, Event::Retire(id, reason), after)) {
@@ -199,4 +219,17 @@ fn sticky_for(sup: &Arc<Supervisor>, app: &mut AppState, id: WorkerId, new: bool
         }
     });
     Some(Sticky::new(id, live.connector.clone(), new, token, live.exit.clone(), done))
+}
+
+/// A signed-in user's open Shiny session, as the status page lists it.
+pub struct SignedIn {
+    sup: Arc<Supervisor>,
+    id: WorkerId,
+    user: String,
+}
+
+impl Drop for SignedIn {
+    fn drop(&mut self) {
+        self.sup.session_user(self.id, &self.user, false);
+    }
 }

@@ -24,6 +24,8 @@ pub struct WorkerStatus {
     pub forked: bool,
     /// Shiny: the share of a CPU its R used (running or waiting to run) at the last sample.
     pub cpu: Option<f64>,
+    /// Shiny: the signed-in users of its open sessions (one entry per session, sorted).
+    pub users: Vec<String>,
 }
 
 /// What `/__valve__/status` shows of one app's pool.
@@ -74,6 +76,7 @@ impl Supervisor {
     /// anything is read from /proc (memory is sampled by each worker's task).
     pub fn status(&self) -> Status {
         let now = now();
+        let users = self.users.lock().unwrap_or_else(|p| p.into_inner()).clone();
         self.with(|app| {
             let workers = app
                 .pool
@@ -92,6 +95,11 @@ impl Supervisor {
                         memory_bytes: slot.memory,
                         forked: live.is_some_and(|l| l.forked),
                         cpu: slot.cpu.map(|c| (c * 100.0).round() / 100.0),
+                        users: {
+                            let mut u = users.get(&id).cloned().unwrap_or_default();
+                            u.sort();
+                            u
+                        },
                     }
                 })
                 .collect();

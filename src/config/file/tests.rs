@@ -266,3 +266,68 @@ static = 3
     assert!(text.contains(":17:1: `n_max` does nothing for static content"), "{text}");
     assert!(text.contains(":20:10: `static` must be a string"), "{text}");
 }
+
+#[test]
+fn access_keys_top_level_defaults_and_an_apps_own_pair() {
+    let (d, path) = site_with(
+        r#"
+trusted_proxies = ["127.0.0.1", "10.0.0.0/8"]
+user_header = "X-Auth-Request-User"
+sign_in_url = "/oauth2/start?rd={rd}"
+allow_groups = ["staff"]
+
+[[app]]
+name = "sales"
+file = "sales/plumber.R"
+allow_users = ["alice"]
+
+[[app]]
+name = "explorer"
+file = "explorer"
+
+[[app]]
+name = "docs"
+static = "docs"
+allow_users = []
+"#,
+    );
+    std::fs::create_dir(d.path().join("docs")).unwrap();
+    std::fs::write(d.path().join("docs/index.html"), "<h1>docs</h1>").unwrap();
+    let c = load(&path, &args(&[])).unwrap();
+    let t = &c.server.trust;
+    let proxies: Vec<String> = t.proxies.iter().map(|p| p.to_string()).collect();
+    assert_eq!(proxies, ["127.0.0.1/32", "10.0.0.0/8"]);
+    assert_eq!((t.user_header.as_str(), t.email_header.as_str()), ("x-auth-request-user", "x-forwarded-email"));
+    assert_eq!(t.sign_in_url.as_deref(), Some("/oauth2/start?rd={rd}"));
+    assert_eq!(c.apps[0].allow.users.as_deref(), Some(&["alice".to_string()][..]));
+    assert_eq!(c.apps[0].allow.groups, None, "an app's own pair replaces the defaults whole");
+    assert_eq!(c.apps[1].allow.groups.as_deref(), Some(&["staff".to_string()][..]), "the top level's otherwise");
+    assert!(c.apps[2].allow.names_nobody(), "a static app takes allow lists too");
+    let warnings = c.warnings();
+    assert_eq!(warnings.len(), 1);
+    assert!(warnings[0].contains("app `docs`") && warnings[0].contains("name nobody"), "{warnings:?}");
+    let mut given = args(&["--trusted-proxies", "192.168.0.0/16"]);
+    given.explicit.insert("trusted_proxies".into());
+    let flagged = load(&path, &given).unwrap();
+    assert_eq!(flagged.server.trust.proxies.len(), 1, "an explicit flag beats the file's top level");
+}
+
+#[test]
+fn bad_access_settings_are_listed_with_their_lines() {
+    let (_d, path) = site_with(
+        "trusted_proxies = [\"10.0.0/8\"]\ngroups_header = \"X Groups\"\nsign_in_url = \"javascript:alert(1)\"\n\n[[app]]\nfile = \"sales/plumber.R\"\nallow_users = \"alice\"\n",
+    );
+    let text = load(&path, &args(&[])).unwrap_err().to_string();
+    assert!(
+        text.contains(":1:") && text.contains("\"10.0.0/8\" is not an address or a CIDR such as 10.0.0.0/8"),
+        "{text}"
+    );
+    assert!(text.contains(":2:") && text.contains("groups_header"), "{text}");
+    assert!(text.contains(":3:") && text.contains("sign_in_url"), "{text}");
+    assert!(text.contains(":7:") && text.contains("must be a list of names"), "{text}");
+    let e = args(&["--trusted-proxies", "127.0.0.1/40"]).trust().unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "--trusted-proxies: \"127.0.0.1/40\" is not an address or a CIDR such as 10.0.0.0/8, 192.168.1.5 or fd00::/8"
+    );
+}

@@ -157,10 +157,12 @@ impl Resumes {
         browser: u64,
         window: Duration,
         restart: bool,
+        user: Option<String>,
     ) {
         let resumes = self.clone();
         self.tasks.spawn(async move {
             let (Ok(client), Ok(worker)) = tokio::join!(client, worker) else { return };
+            let _user = user.map(|u| sup.signed_in(id, u));
             let client = socket(client, Role::Server, BROWSER_MESSAGE).await;
             let worker = socket(worker, Role::Client, WORKER_MESSAGE).await;
             sup.session(id, true, Some(browser));
