@@ -88,6 +88,8 @@ SETS = {
     "config": ["--set-file", "config=CONFIG"],
     "extras": ["-f", "EXTRAS"],
     "admin-off": ["--set", "admin.enabled=false"],
+    "signin": ["--set", "oauth2Proxy.enabled=true", "--set", "oauth2Proxy.oidcIssuerUrl=https://idp.example.com",
+               "--set", "oauth2Proxy.existingSecret=valve-signin", "--set", "valve.trustedProxies[0]=10.0.0.0/8"],
 }
 
 
@@ -202,6 +204,25 @@ def check_set(name, docs):
             fail(f"admin.enabled=false still runs an admin listener: {c['args']} {c['ports']}")
         if ann.get("prometheus.io/port") != "3000":
             fail(f"admin.enabled=false: Prometheus must scrape the main port, not {ann.get('prometheus.io/port')}")
+    elif name == "signin":
+        pod = find(docs, "Deployment")["spec"]["template"]["spec"]
+        names = [c["name"] for c in pod["containers"]]
+        if names != ["valve", "oauth2-proxy"]:
+            fail(f"oauth2Proxy.enabled: containers {names}")
+        else:
+            side = pod["containers"][1]
+            if "--upstream=http://127.0.0.1:3000/" not in side["args"]:
+                fail(f"the sidecar must send to valve over the pod's loopback: {side['args']}")
+            if side["envFrom"] != [{"secretRef": {"name": "valve-signin"}}]:
+                fail(f"the sidecar's secret: {side.get('envFrom')}")
+        if "--trusted-proxies=10.0.0.0/8,127.0.0.1/32" not in container(docs)["args"]:
+            fail(f"valve must trust the sidecar (and the listed proxies): {container(docs)['args']}")
+        if find(docs, "Service")["spec"]["ports"][0]["targetPort"] != "signin":
+            fail("with a sign-in sidecar the Service must send traffic to it, not to valve")
+        r = run([HELM, "template", "valve", CHART, "--set", "oauth2Proxy.enabled=true",
+                 "--set", "oauth2Proxy.oidcIssuerUrl=https://idp.example.com"])
+        if r.returncode == 0 or "oauth2Proxy.existingSecret" not in r.stderr:
+            fail(f"a sidecar without its Secret must not render: {r.stderr}")
     elif name == "extras":
         if find(docs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] != 120:
             fail("terminationGracePeriodSeconds override ignored")
