@@ -6,7 +6,7 @@
 // they never win. Prints one JSON line:
 //   {"shiny_status": 200|403|..., "shiny_user": "...", "shiny_groups": "...",
 //    "api": {...}|null, "api_status": N, "admin_status": N, "signed_in": bool}
-import { chromium } from "playwright-core";
+import { chromium } from "../../tests/browser/node_modules/playwright-core/index.mjs";
 
 const base = process.argv[2];
 if (!base) {
