@@ -11,7 +11,7 @@ use http::{Method, Request, Uri};
 
 use super::body::Payload;
 use super::identity::{to_r, Identity};
-use crate::worker::{ClientAddrs, WireBody};
+use crate::worker::{ClientAddrs, WireBody, CLIENT_ADDR, CLIENT_PORT};
 
 /// The sticky cookie that ties a browser to its Shiny worker.
 pub(super) const STICKY_COOKIE: &str = "valve_worker";
@@ -192,6 +192,9 @@ pub(super) fn worker_head(
     let uri = target.parse().unwrap_or_else(|_| Uri::from_static("/"));
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
+    // Only valve names the client to an httpuv worker (`worker::CLIENT_ADDR`).
+    headers.remove(&CLIENT_ADDR);
+    headers.remove(&CLIENT_PORT);
     if let Some(who) = parts.extensions.get::<Identity>() {
         to_r(&mut headers, who, shiny);
     }

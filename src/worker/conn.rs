@@ -21,10 +21,31 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
 
 use super::frames::link::Link;
-use super::wire::{AnswerBody, BoxFuture, SendError, WireBody};
+use super::wire::{AnswerBody, BoxFuture, ClientAddrs, SendError, WireBody};
 
 /// The path httpuv workers answer for probes; valve never forwards `/__valve__/` paths.
 const PING_PATH: &str = "/__valve__/ping";
+
+/// The client's address and port on an HTTP exchange with a worker. httpuv on
+/// a Unix socket has no peer address to give R (and an engine's peer is
+/// valve): the launcher moves these into the Rook environment's
+/// `REMOTE_ADDR` and `REMOTE_PORT` (a frames worker is told in its frames).
+/// The front removes any a client sent.
+pub static CLIENT_ADDR: http::HeaderName = http::HeaderName::from_static("x-valve-remote-addr");
+pub static CLIENT_PORT: http::HeaderName = http::HeaderName::from_static("x-valve-remote-port");
+
+fn name_the_client<B>(req: &mut http::Request<B>) {
+    let Some(addrs) = req.extensions().get::<ClientAddrs>().copied() else {
+        req.headers_mut().remove(&CLIENT_ADDR);
+        req.headers_mut().remove(&CLIENT_PORT);
+        return;
+    };
+    let headers = req.headers_mut();
+    if let Ok(ip) = http::HeaderValue::from_str(&addrs.remote.ip().to_string()) {
+        headers.insert(CLIENT_ADDR.clone(), ip);
+    }
+    headers.insert(CLIENT_PORT.clone(), http::HeaderValue::from(addrs.remote.port()));
+}
 
 /// One connection to a worker.
 pub struct Conn {
@@ -90,10 +111,13 @@ impl Conn {
         }
     }
 
-    pub async fn send(&mut self, req: http::Request<WireBody>) -> Result<http::Response<AnswerBody>, SendError> {
+    pub async fn send(&mut self, mut req: http::Request<WireBody>) -> Result<http::Response<AnswerBody>, SendError> {
         self.spent = self.once;
         match &mut self.kind {
-            Kind::Http(sender) => Ok(sender.send_request(req).await?.map(AnswerBody::Http)),
+            Kind::Http(sender) => {
+                name_the_client(&mut req);
+                Ok(sender.send_request(req).await?.map(AnswerBody::Http))
+            }
             Kind::Frames(link) => link.send(req).await,
         }
     }

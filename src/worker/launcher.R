@@ -210,13 +210,45 @@ local({
     quit(save = "no", status = 0)
   }
 
+  # A Unix socket has no peer address: valve names the client in two headers
+  # (X-Valve-Remote-Addr, -Port; it removes any a client sent), which become
+  # the Rook environment's REMOTE_ADDR and REMOTE_PORT, as on a TCP server.
+  client_from_valve <- function(req) {
+    addr <- req[["HTTP_X_VALVE_REMOTE_ADDR"]]
+    if (!is.null(addr)) {
+      port <- req[["HTTP_X_VALVE_REMOTE_PORT"]]
+      assign("REMOTE_ADDR", addr, envir = req)
+      assign("REMOTE_PORT", if (is.null(port)) "" else port, envir = req)
+      rm("HTTP_X_VALVE_REMOTE_ADDR", envir = req)
+      if (!is.null(port)) rm("HTTP_X_VALVE_REMOTE_PORT", envir = req)
+    }
+    req
+  }
+  # The same httpuv app (its static paths too), each hook seeing the client.
+  with_client <- function(app) {
+    out <- app
+    if (is.function(app$call)) out$call <- function(req) app$call(client_from_valve(req))
+    if (is.function(app$onHeaders)) out$onHeaders <- function(req) app$onHeaders(client_from_valve(req))
+    if (is.function(app$onWSOpen)) out$onWSOpen <- function(ws) {
+      client_from_valve(ws$request)
+      app$onWSOpen(ws)
+    }
+    out
+  }
+
   if (shiny) {
     # Shiny serves a domain socket itself when `port` is a path with a `mask`.
     suppressPackageStartupMessages(library(shiny))
     socket <- Sys.getenv("VALVE_SOCKET", "preload-parent")
     attr(socket, "mask") <- strtoi("077", 8L)
+    imports <- parent.env(asNamespace("shiny"))
+    start_pipe <- get("startPipeServer", envir = imports)
+    unlockBinding("startPipeServer", imports)
     if (identical(mode, "plain")) {
       on_worker_start()
+      assign("startPipeServer", envir = imports, function(name, mask, app) {
+        start_pipe(name, mask, with_client(app))
+      })
     } else {
       # --preload: runApp() does everything it does before serving (global.R,
       # R/, app.R's top level: the data it loads) once, here in the parent; at
@@ -224,17 +256,14 @@ local({
       # each fork starts its own server on its socket and goes on inside
       # runApp() as a worker. Shiny's own random seed (session tokens) is reset
       # in each fork.
-      imports <- parent.env(asNamespace("shiny"))
-      start_pipe <- get("startPipeServer", envir = imports)
-      unlockBinding("startPipeServer", imports)
       assign("startPipeServer", envir = imports, function(name, mask, app) {
         fork_on_demand(function(socket, id) {
           assign("ownSeed", NULL, envir = shiny:::.globals)
-          start_pipe(socket, mask, app)
+          start_pipe(socket, mask, with_client(app))
         })
       })
-      lockBinding("startPipeServer", imports)
     }
+    lockBinding("startPipeServer", imports)
     if (rmd) {
       # As Shiny Server runs a document: rmarkdown::run() on its folder, the
       # document as the default, no auto-reload (valve reloads), and the port
@@ -293,7 +322,7 @@ local({
     })
     if (is.function(app$onHeaders)) wrapped$onHeaders <- function(req) app$onHeaders(req)
     if (is.function(app$onWSOpen)) wrapped$onWSOpen <- function(ws) app$onWSOpen(ws)
-    server <- httpuv::startPipeServer(socket, strtoi("077", 8L), wrapped)
+    server <- httpuv::startPipeServer(socket, strtoi("077", 8L), with_client(wrapped))
     on.exit(httpuv::stopServer(server))
     httpuv::service(0)
   }

@@ -34,7 +34,7 @@ mod spawn;
 pub mod watch;
 mod wire;
 
-pub use conn::{connect, probe, Conn, Connect, SocketConnector, TcpConnector};
+pub use conn::{connect, probe, Conn, Connect, SocketConnector, TcpConnector, CLIENT_ADDR, CLIENT_PORT};
 pub use frames::FrameHub;
 pub use launcher::{NoWorkers, RLauncher};
 pub use output::Tail;

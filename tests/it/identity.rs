@@ -41,18 +41,20 @@ fn raw(valve: &Valve, payload: &[u8]) -> String {
     String::from_utf8_lossy(&out).to_string()
 }
 
-const SPOOF: [(&str, &str); 5] = [
+const SPOOF: [(&str, &str); 6] = [
     ("x-forwarded-user", "mallory"),
     ("x-forwarded-email", "mallory@example.org"),
     ("x-forwarded-groups", "admin"),
     ("shiny-server-credentials", r#"{"user":"mallory","groups":["admin"]}"#),
     ("x-forwarded-for", "203.0.113.66"),
+    ("x-valve-remote-addr", "192.0.2.66"),
 ];
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_untrusted_peer_names_no_user_and_no_client_address() {
     // Loopback is not trusted by default, nor when the list names other networks.
-    for extra in [&[][..], &["--trusted-proxies", "10.0.0.0/8"][..]] {
+    // On either transport: frames, and httpuv (where valve names the client in a header).
+    for extra in [&[][..], &["--trusted-proxies", "10.0.0.0/8"][..], &["--worker-transport", "httpuv"][..]] {
         let valve = Valve::start(&[&["-f", &whoami()], extra].concat());
         let seen = who(&valve, &SPOOF).await;
         for key in ["user", "email", "groups", "credentials"] {
@@ -100,9 +102,19 @@ async fn a_proxys_own_header_names_reach_r_as_the_canonical_ones() {
         &["-f", &whoami(), "--user-header", "X-Auth-Request-User", "--worker-transport", "httpuv"],
         &[("VALVE_TRUSTED_PROXIES", "127.0.0.1")],
     );
-    let seen = who(&valve, &[("x-auth-request-user", "carol"), ("x-forwarded-user", "mallory")]).await;
+    let seen = who(
+        &valve,
+        &[
+            ("x-auth-request-user", "carol"),
+            ("x-forwarded-user", "mallory"),
+            ("x-forwarded-for", "198.51.100.4"),
+            ("x-valve-remote-addr", "192.0.2.66"),
+        ],
+    )
+    .await;
     assert_eq!(seen["user"], "carol", "{seen}");
     assert_eq!(seen["custom"], "", "the proxy's own name is not passed on: {seen}");
+    assert_eq!(seen["remote"], "198.51.100.4", "an httpuv worker's REMOTE_ADDR is the client's: {seen}");
 }
 
 const ACCESS: &str = r#"
@@ -271,9 +283,12 @@ fn a_trusted_proxy_names_the_shiny_user_and_a_browser_alone_cannot() {
     let valve = Valve::start(&["-f", app.to_str().unwrap(), "--trusted-proxies", "127.0.0.1/32"]);
     // The page, its WebSocket and every other request carry the proxy's headers,
     // and a credentials header of the browser's own, which valve replaces.
-    let headers = r#"{"X-Forwarded-User":"alice","X-Forwarded-Groups":"staff, admins","Shiny-Server-Credentials":"{\"user\":\"mallory\"}"}"#;
+    let headers = r#"{"X-Forwarded-User":"alice","X-Forwarded-Groups":"staff, admins","X-Forwarded-For":"203.0.113.7","X-Valve-Remote-Addr":"192.0.2.66","Shiny-Server-Credentials":"{\"user\":\"mallory\"}"}"#;
     let seen = shiny_whoami(&valve, headers);
-    assert!(seen.contains(r#""who":"user=alice;groups=staff,admins""#), "session$user and session$groups: {seen}");
+    assert!(
+        seen.contains(r#""who":"user=alice;groups=staff,admins;addr=203.0.113.7""#),
+        "session$user, session$groups and the client's address in REMOTE_ADDR: {seen}"
+    );
     assert!(seen.contains(r#""users":["alice"]"#), "the status lists the session's user: {seen}");
     valve.wait_for_log("path=/websocket/ status=101", Duration::from_secs(10));
     assert!(valve.log().lines().any(|l| l.contains("path=/websocket/") && l.contains("user=alice")), "{}", valve.log());
@@ -281,6 +296,6 @@ fn a_trusted_proxy_names_the_shiny_user_and_a_browser_alone_cannot() {
     // The same browser headers from a peer valve does not trust name nobody.
     let untrusted = Valve::start(&["-f", app.to_str().unwrap(), "--trusted-proxies", "10.0.0.0/8"]);
     let seen = shiny_whoami(&untrusted, headers);
-    assert!(seen.contains(r#""who":"user=NULL;groups=NULL""#), "{seen}");
+    assert!(seen.contains(r#""who":"user=NULL;groups=NULL;addr=127.0.0.1""#), "the peer, never a header: {seen}");
     assert!(seen.contains(r#""users":[]"#), "{seen}");
 }

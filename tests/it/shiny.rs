@@ -42,7 +42,10 @@ fn a_browser_cannot_name_itself_a_shiny_user() {
     let app = crate::harness::fixture("shiny_whoami");
     let valve = Valve::start(&["-f", app.to_str().unwrap()]);
     let seen = drive("whoami", &valve, &[]);
-    assert!(seen.contains(r#""who":"user=NULL;groups=NULL""#), "Shiny saw a user the browser named: {seen}");
+    assert!(
+        seen.contains(r#""who":"user=NULL;groups=NULL;addr=127.0.0.1""#),
+        "Shiny saw a user the browser named: {seen}"
+    );
 }
 
 #[test]
