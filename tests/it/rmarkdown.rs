@@ -266,6 +266,11 @@ fn a_quarto_document_with_server_shiny_is_detected_and_without_quarto_valve_says
     let out = Command::new(valve_bin()).args(["-f", dash.to_str().unwrap(), "--check"]).output().unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && said.contains("dash at / (quarto-shiny, 1-3 workers)"), "{said}");
+    // The README's example.
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quarto");
+    let out = Command::new(valve_bin()).args(["-f", example.to_str().unwrap(), "--check"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && said.contains("quarto at / (quarto-shiny, 1-3 workers)"), "{said}");
     let out = Command::new(valve_bin()).args(["--site", site.path().to_str().unwrap(), "--check"]).output().unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("dash at /dash (quarto-shiny,") && !said.contains("notes at"), "{said}");
