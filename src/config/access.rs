@@ -84,7 +84,8 @@ pub struct Trust {
     pub email_header: String,
     pub groups_header: String,
     /// Where a browser with no identity is sent when an app refuses it (`{rd}`:
-    /// the URL it asked for, escaped; without `{rd}`, an `rd` parameter is added).
+    /// the path it asked for, `{url}` the full URL, escaped; with neither, an
+    /// `rd` parameter is added).
     pub sign_in_url: Option<String>,
     /// `auth_url`: asked about every request to an app; then no identity
     /// header is believed from anyone.

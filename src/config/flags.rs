@@ -224,8 +224,8 @@ pub struct Args {
     pub groups_header: String,
 
     /// Where a browser without an identity goes when an app's allow lists refuse it (302), such
-    /// as /oauth2/start?rd={rd}: `{rd}` becomes the URL asked for (escaped); without it, an
-    /// `rd` parameter is added. Unset: 403.
+    /// as /oauth2/start?rd={rd}: `{rd}` becomes the path asked for, `{url}` the full URL (escaped);
+    /// with neither, an `rd` parameter is added. Unset: 403.
     #[arg(long = "sign-in-url", env = "VALVE_SIGN_IN_URL", value_name = "URL")]
     pub sign_in_url: Option<String>,
 
