@@ -38,7 +38,7 @@ use crate::app::Fleet;
 use crate::config::{Config, Source, Transport};
 use crate::http::forward::{Forwarder, MAX_HEAD_BYTES};
 use crate::http::router::Router;
-use crate::http::server::{ClientLimits, Drained, Front};
+use crate::http::server::{ClientLimits, Drained, Front, FrontOptions};
 use crate::metrics::Registry;
 pub use crate::reload::RunError;
 use crate::reload::{Apps, Reloader};
@@ -150,11 +150,14 @@ pub async fn run(
                 total: config.server.shiny_buffer_total as usize,
             },
         ),
+        http::auth::Asker::new(registry.clone()),
         admin.clone(),
-        config.server.admin_on_main,
         shutdown.signalled.clone(),
-        config.server.access_log,
-        matches!(source, Source::Site(..)),
+        FrontOptions {
+            admin_on_main: config.server.admin_on_main,
+            access_log: config.server.access_log,
+            listing: matches!(source, Source::Site(..)),
+        },
     );
     for note in &config.notes {
         tracing::info!("{note}");

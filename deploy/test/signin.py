@@ -14,6 +14,17 @@ nobody else. Real chromium (signin.mjs) signs in and checks:
     identity headers straight to valve is nobody: its headers never reach R,
     and apps with allow lists refuse it.
 
+Then forward auth (`auth_url`): a second valve, trusting nobody, asks a
+second oauth2-proxy (the auth service only: `--upstream=static://202`,
+`--set-xauthrequest`) at /oauth2/auth who each request is, with its cookies.
+Chromium goes to valve directly, is sent to oauth2-proxy's /oauth2/start
+with the full URL to come back to (`sign_in_url = ...?rd={url}`), signs
+in, comes back (oauth2-proxy's cookie for 127.0.0.1 holds on every port),
+and the Shiny app shows session$user; the API sees the user; the restricted
+app answers 403; bob (not in the Shiny app's group) gets 403, not a loop; a
+client with no cookie is served anonymously by the API (its forged identity
+headers dropped) and refused by the restricted app.
+
     signin.py
 
 Prints one JSON line; exits 1 when a check failed.
@@ -102,6 +113,93 @@ def sign_in(base):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def proxy_args(provider, port, *extra):
+    base = f"http://127.0.0.1:{port}"
+    return [
+        tool("OAUTH2_PROXY", "oauth2-proxy"),
+        "--provider=oidc", f"--oidc-issuer-url={provider['issuer']}",
+        f"--client-id={provider['client_id']}", f"--client-secret={provider['client_secret']}",
+        "--cookie-secret=" + os.urandom(16).hex(), "--cookie-secure=false", "--email-domain=*",
+        f"--http-address=127.0.0.1:{port}", f"--redirect-url={base}/oauth2/callback", "--skip-provider-button",
+        "--scope=openid email profile groups", *extra,
+    ]
+
+
+def forward_auth(binary, work, provider, procs, check, result):
+    """valve with auth_url asking oauth2-proxy, no trusted proxies; the browser goes to valve."""
+    valve_port, proxy_port = cluster.free_port(), cluster.free_port()
+    proxy_base = f"http://127.0.0.1:{proxy_port}"
+    config = os.path.join(work, "valve-auth.toml")
+    with open(config, "w") as f:
+        f.write(f"""auth_url = "{proxy_base}/oauth2/auth"
+auth_cache = 5
+sign_in_url = "{proxy_base}/oauth2/start?rd={{url}}"
+admin_on_main = true
+
+[[app]]
+name = "api"
+path = "/api"
+file = "{HERE}/signin/whoami.R"
+
+[[app]]
+name = "shiny"
+path = "/shiny"
+file = "{HERE}/signin/app.R"
+allow_groups = ["engineering"]
+
+[[app]]
+name = "admin"
+path = "/admin"
+file = "{HERE}/signin/whoami.R"
+allow_users = ["root@example.com"]
+""")
+    valve = Proc("valve-auth", [binary, "--config", config, "--host", "127.0.0.1", "--port", str(valve_port)], work)
+    procs.append(valve)
+    proxy = Proc("oauth2-proxy-auth", proxy_args(
+        provider, proxy_port, "--upstream=static://202", "--set-xauthrequest", "--reverse-proxy",
+        "--whitelist-domain=127.0.0.1:*"), work)
+    procs.append(proxy)
+    cluster.wait_for("valve (auth_url) ready", lambda: cluster.http_get(
+        f"http://127.0.0.1:{valve_port}/__valve__/readyz", timeout=2)[0] == 200, 120)
+    cluster.wait_for("oauth2-proxy (auth) ready",
+                     lambda: cluster.http_get(proxy_base + "/ping", timeout=2)[0] == 200, 30)
+    base = f"http://127.0.0.1:{valve_port}"
+
+    queue_user(provider["control"], "alice", "alice@example.com", ["engineering", "r users"])
+    alice = sign_in(base)
+    result["auth_url_alice"] = alice
+    check("auth_url: alice signed in through /oauth2/start and came back",
+          alice.get("signed_in") is True and "error" not in alice, alice)
+    check("auth_url: alice's Shiny page", alice.get("shiny_status") == 200, alice.get("shiny_status"))
+    check("auth_url: session$user is alice", alice.get("shiny_user") == "alice", alice.get("shiny_user"))
+    check("auth_url: session$groups", alice.get("shiny_groups") == "engineering,r users", alice.get("shiny_groups"))
+    api = alice.get("api") or {}
+    check("auth_url: plumber's X-Forwarded-User", api.get("user") == "alice", api)
+    check("auth_url: plumber's X-Forwarded-Email", api.get("email") == "alice@example.com", api)
+    check("auth_url: no forged header reaches plumber", "mallory" not in json.dumps(api), api)
+    check("auth_url: admin refuses alice with 403", alice.get("admin_status") == 403, alice.get("admin_status"))
+
+    queue_user(provider["control"], "bob", "bob@example.com", ["sales"])
+    bob = sign_in(base)
+    result["auth_url_bob"] = bob
+    check("auth_url: the Shiny app refuses bob with 403", bob.get("shiny_status") == 403, bob.get("shiny_status"))
+    check("auth_url: the API sees bob", (bob.get("api") or {}).get("user") == "bob", bob.get("api"))
+
+    forged = {"X-Forwarded-User": "root@example.com", "X-Auth-Request-User": "root@example.com"}
+    status, body = straight(valve_port, "/api/whoami", forged, source="127.0.0.1")
+    seen = json.loads(body) if status == 200 else body
+    result["auth_url_anonymous_api"] = seen
+    check("auth_url: no cookie, the open API serves anonymously",
+          status == 200 and seen.get("user") == "", (status, body[:200]))
+    status, body = straight(valve_port, "/admin/whoami", forged, source="127.0.0.1")
+    check("auth_url: no cookie, the restricted app answers 403", status == 403, (status, body[:200]))
+    status, metrics = cluster.http_get(f"{base}/__valve__/metrics", timeout=10)
+    metrics = metrics.decode(errors="replace") if isinstance(metrics, bytes) else str(metrics)
+    allowed = [line for line in metrics.splitlines() if line.startswith('valve_auth_requests_total{result="allowed"}')]
+    result["auth_url_allowed"] = allowed
+    check("auth_url: valve asked oauth2-proxy", bool(allowed) and float(allowed[0].split()[-1]) >= 2, allowed)
+
+
 def main():
     binary = cluster.valve_binary()
     work = cluster.workdir("valve-signin-")
@@ -147,15 +245,8 @@ allow_users = ["root@example.com"]
             f"http://127.0.0.1:{valve_port}/__valve__/readyz", timeout=2)[0] == 200, 120)
 
         base = f"http://127.0.0.1:{proxy_port}"
-        proxy = Proc("oauth2-proxy", [
-            tool("OAUTH2_PROXY", "oauth2-proxy"),
-            "--provider=oidc", f"--oidc-issuer-url={provider['issuer']}",
-            f"--client-id={provider['client_id']}", f"--client-secret={provider['client_secret']}",
-            "--cookie-secret=" + os.urandom(16).hex(), "--cookie-secure=false", "--email-domain=*",
-            f"--upstream=http://127.0.0.1:{valve_port}/", f"--http-address=127.0.0.1:{proxy_port}",
-            f"--redirect-url={base}/oauth2/callback", "--skip-provider-button",
-            "--scope=openid email profile groups",
-        ], work)
+        proxy = Proc("oauth2-proxy", proxy_args(provider, proxy_port, f"--upstream=http://127.0.0.1:{valve_port}/"),
+                     work)
         procs.append(proxy)
         cluster.wait_for("oauth2-proxy ready", lambda: cluster.http_get(base + "/ping", timeout=2)[0] == 200, 30)
 
@@ -202,6 +293,8 @@ allow_users = ["root@example.com"]
             status, body = straight(valve_port, path, forged)
             result[f"untrusted {path}"] = status
             check(f"an untrusted client naming itself root gets 403 for {path}", status == 403, (status, body[:200]))
+
+        forward_auth(binary, work, provider, procs, check, result)
     except Exception as e:  # noqa: BLE001: reported below
         problems.append(f"{type(e).__name__}: {e}")
     finally:

@@ -1,11 +1,13 @@
 //! Who may call, as plain data: the peers whose forwarding and identity
 //! headers valve believes (`Trust`: `trusted_proxies`, the header names a
-//! sign-in proxy uses, the sign-in URL) and each app's allow lists (`Allow`),
+//! sign-in proxy uses, the sign-in URL, the forward-auth service `AuthService`)
+//! and each app's allow lists (`Allow`),
 //! with the pure rules over them (does a CIDR hold an address, does an
 //! identity pass an allow list).
 
 use std::fmt;
 use std::net::IpAddr;
+use std::time::Duration;
 
 /// The form a trusted proxy is written in, for messages.
 pub const CIDR_FORM: &str = "an address or a CIDR such as 10.0.0.0/8, 192.168.1.5 or fd00::/8";
@@ -82,8 +84,12 @@ pub struct Trust {
     pub email_header: String,
     pub groups_header: String,
     /// Where a browser with no identity is sent when an app refuses it (`{rd}`:
-    /// the URL it asked for, escaped; without `{rd}`, an `rd` parameter is added).
+    /// the path it asked for, `{url}` the full URL, escaped; with neither, an
+    /// `rd` parameter is added).
     pub sign_in_url: Option<String>,
+    /// `auth_url`: asked about every request to an app; then no identity
+    /// header is believed from anyone.
+    pub auth: Option<AuthService>,
 }
 
 impl Default for Trust {
@@ -94,6 +100,7 @@ impl Default for Trust {
             email_header: DEFAULT_EMAIL_HEADER.to_ascii_lowercase(),
             groups_header: DEFAULT_GROUPS_HEADER.to_ascii_lowercase(),
             sign_in_url: None,
+            auth: None,
         }
     }
 }
@@ -124,6 +131,55 @@ pub fn sign_in_url(value: &str) -> Result<String, String> {
         ));
     }
     Ok(v.to_string())
+}
+
+/// The forward-auth service (`auth_url`, `auth_cache`): where valve asks
+/// whether to let a request in and who it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuthService {
+    /// As written, for messages and logs.
+    pub url: String,
+    /// What to connect to and name in `Host`.
+    pub host: String,
+    pub port: u16,
+    pub authority: String,
+    /// The path and query asked for (`/oauth2/auth`).
+    pub path: String,
+    /// How long an answer is reused for the same credentials; zero: never.
+    pub cache: Duration,
+}
+
+/// The form an auth URL is written in, for messages.
+pub const AUTH_URL_FORM: &str = "an http:// URL such as \"http://127.0.0.1:4180/oauth2/auth\"";
+
+/// An `auth_url`: `http://host[:port]/path`. Not https: valve has no TLS
+/// client, so the auth service is a sidecar or on the local network.
+pub fn auth_service(value: &str, cache: Duration) -> Result<AuthService, String> {
+    let v = value.trim();
+    let bad = |why: &str| format!("{value:?} is not {AUTH_URL_FORM}: {why}");
+    if v.len() >= 8 && v[..8].eq_ignore_ascii_case("https://") {
+        return Err(bad("https is not supported (valve has no TLS client); run the auth service beside valve"));
+    }
+    let Some(rest) = v.get(7..).filter(|_| v[..7].eq_ignore_ascii_case("http://")) else {
+        return Err(bad("it must start with http://"));
+    };
+    if v.bytes().any(|b| b.is_ascii_control() || b == b' ' || b == b'#') {
+        return Err(bad("no spaces, control characters or fragments"));
+    }
+    let split = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(split);
+    let path = match path {
+        "" => "/".to_string(),
+        p if p.starts_with('?') => format!("/{p}"),
+        p => p.to_string(),
+    };
+    let parsed: http::uri::Authority = authority.parse().map_err(|_| bad("no host"))?;
+    if authority.is_empty() || authority.contains('@') {
+        return Err(bad("give a host (and port), without a user or password"));
+    }
+    let host = parsed.host().trim_start_matches('[').trim_end_matches(']').to_string();
+    let port = parsed.port_u16().unwrap_or(80);
+    Ok(AuthService { url: v.to_string(), host, port, authority: authority.to_string(), path, cache })
 }
 
 /// Who may use an app. Neither list: everyone. Otherwise a caller passes if
@@ -220,5 +276,31 @@ mod tests {
         assert!(header_name("X User").is_err() && header_name("").is_err());
         assert!(sign_in_url("/oauth2/start?rd={rd}").is_ok() && sign_in_url("https://sso.example.org/").is_ok());
         assert!(sign_in_url("//evil.example").is_err() && sign_in_url("javascript:x").is_err());
+    }
+
+    #[test]
+    fn auth_urls_are_plain_http_with_a_host() {
+        let s = auth_service(" http://127.0.0.1:4180/oauth2/auth ", Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            (s.host.as_str(), s.port, s.authority.as_str(), s.path.as_str()),
+            ("127.0.0.1", 4180, "127.0.0.1:4180", "/oauth2/auth")
+        );
+        let s = auth_service("HTTP://[::1]?a=1", Duration::ZERO).unwrap();
+        assert_eq!((s.host.as_str(), s.port, s.path.as_str()), ("::1", 80, "/?a=1"));
+        assert_eq!(auth_service("http://auth", Duration::ZERO).unwrap().path, "/");
+        for bad in [
+            "https://sso.example.org/auth",
+            "ftp://x",
+            "127.0.0.1:4180/auth",
+            "http://",
+            "http:///x",
+            "http://u:p@h/",
+            "http://h/a b",
+            "",
+        ] {
+            let e = auth_service(bad, Duration::ZERO).unwrap_err();
+            assert!(e.contains(&format!("{bad:?}")) && e.contains("http://127.0.0.1:4180"), "{e}");
+        }
+        assert!(auth_service("https://x/", Duration::ZERO).unwrap_err().contains("TLS"));
     }
 }

@@ -224,10 +224,21 @@ pub struct Args {
     pub groups_header: String,
 
     /// Where a browser without an identity goes when an app's allow lists refuse it (302), such
-    /// as /oauth2/start?rd={rd}: `{rd}` becomes the URL asked for (escaped); without it, an
-    /// `rd` parameter is added. Unset: 403.
+    /// as /oauth2/start?rd={rd}: `{rd}` becomes the path asked for, `{url}` the full URL (escaped);
+    /// with neither, an `rd` parameter is added. Unset: 403.
     #[arg(long = "sign-in-url", env = "VALVE_SIGN_IN_URL", value_name = "URL")]
     pub sign_in_url: Option<String>,
+
+    /// Forward auth: valve asks this http:// URL (GET, with the request's Cookie and Authorization)
+    /// about every request to an app, such as oauth2-proxy's http://127.0.0.1:4180/oauth2/auth.
+    /// 2xx: signed in, named by X-Auth-Request-User/-Email/-Groups; 401/403: no identity; else 503.
+    /// Identity headers from clients and proxies are then never believed.
+    #[arg(long = "auth-url", env = "VALVE_AUTH_URL", value_name = "URL")]
+    pub auth_url: Option<String>,
+
+    /// Seconds an --auth-url answer is reused for the same Cookie and Authorization (0: ask every time).
+    #[arg(long = "auth-cache", env = "VALVE_AUTH_CACHE", default_value = "5", value_name = "SECONDS")]
+    pub auth_cache: String,
 
     /// Seconds a client gets to send a request's headers before it is cut off.
     #[arg(long = "header-timeout", env = "VALVE_HEADER_TIMEOUT", default_value = "30", value_name = "SECONDS")]
@@ -397,7 +408,7 @@ impl Args {
         })
     }
 
-    /// `--trusted-proxies`, the identity header names and `--sign-in-url`.
+    /// `--trusted-proxies`, the identity header names, `--sign-in-url` and `--auth-url`.
     pub(super) fn trust(&self) -> Result<Trust, ConfigError> {
         let bad = |flag: &'static str| move |why: String| ConfigError::Access { flag, why };
         Ok(Trust {
@@ -411,6 +422,13 @@ impl Args {
                 .map(access::sign_in_url)
                 .transpose()
                 .map_err(bad("--sign-in-url"))?,
+            auth: match &self.auth_url {
+                Some(url) => Some(
+                    access::auth_service(url, parse_seconds("--auth-cache", &self.auth_cache, true)?)
+                        .map_err(bad("--auth-url"))?,
+                ),
+                None => None,
+            },
         })
     }
 }

@@ -52,6 +52,8 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "email_header",
     "groups_header",
     "sign_in_url",
+    "auth_url",
+    "auth_cache",
 ];
 
 /// The flag a key stands for, for messages about flag values.
@@ -70,6 +72,7 @@ pub(super) fn flag_name(key: &str) -> &'static str {
         "reconnect_window" => "--shiny-reconnect-window",
         "shiny_session_buffer" => "--shiny-session-buffer",
         "shiny_buffer_total" => "--shiny-buffer-total",
+        "auth_cache" => "--auth-cache",
         _ => "a setting",
     }
 }

@@ -29,7 +29,7 @@ mod rmd;
 mod site;
 mod source;
 
-pub use access::{Allow, Cidr, Trust};
+pub use access::{Allow, AuthService, Cidr, Trust};
 pub use discover::{index_html, AppSource};
 pub use error::{parse_seconds, parse_size, ConfigError};
 pub use flags::Args;

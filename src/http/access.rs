@@ -1,15 +1,17 @@
 //! Who is calling and may they: from the peer and the request's head, the
-//! client's address and identity (believed only from a trusted proxy) and
-//! whether the app's allow lists let the request in. Pure: `decide` returns
-//! a `Gate` as data, and the front obeys it before the forwarder is asked,
-//! so a request refused here takes no worker and joins no queue.
+//! client's address (believed only from a trusted proxy), its identity (from
+//! a trusted proxy's headers, or the forward-auth service's answer, looked up
+//! before and handed in as `Named`) and whether the app's allow lists let the
+//! request in. Pure: `decide` returns a `Gate` as data, and the front obeys
+//! it before the forwarder is asked, so a request refused here takes no
+//! worker and joins no queue.
 
 use std::net::SocketAddr;
 
 use http::header::{self, HeaderMap};
 use http::Method;
 
-use super::forwarded::{client_addr, Malformed};
+use super::forwarded::{client_addr, origin, Malformed};
 use super::identity::{read, BadIdentity, Identity};
 use crate::config::{Allow, Trust};
 
@@ -26,6 +28,16 @@ pub enum Gate {
     Bad(BadIdentity),
 }
 
+/// Where a request's identity comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Named {
+    /// Its own headers, believed from a trusted proxy only.
+    ByHeaders,
+    /// The forward-auth service's answer (`None`: it knows nobody); then no
+    /// identity header is believed from anyone.
+    ByAuth(Option<Identity>),
+}
+
 /// The request facts the gate looks at.
 pub struct Asking<'a> {
     pub peer: SocketAddr,
@@ -34,25 +46,35 @@ pub struct Asking<'a> {
     /// The path and query asked for (for the sign-in URL's `rd`).
     pub target: &'a str,
     pub websocket: bool,
+    pub named: Named,
+}
+
+/// The client's address: the peer, or behind a trusted proxy what its
+/// forwarding headers say. A malformed one is ignored (the peer is the
+/// client) and logged at debug.
+pub fn client(trust: &Trust, peer: SocketAddr, headers: &HeaderMap) -> SocketAddr {
+    if !trust.trusts(peer.ip()) {
+        return peer;
+    }
+    client_addr(peer, headers, trust).unwrap_or_else(|Malformed(header)| {
+        tracing::debug!(%peer, header, "malformed forwarding header from a trusted proxy ignored");
+        peer
+    })
 }
 
 /// The gate for one request to an app with `allow`. From an untrusted peer
 /// nothing it says about itself or its client counts: it is the client, and
-/// it has no identity. A trusted peer's malformed forwarding header is
-/// ignored (the peer is the client) and logged at debug.
+/// it has no identity but what the forward-auth service says.
 pub fn decide(trust: &Trust, allow: &Allow, ask: &Asking) -> Gate {
     let trusted = trust.trusts(ask.peer.ip());
-    let (client, who) = if trusted {
-        let client = client_addr(ask.peer, ask.headers, trust).unwrap_or_else(|Malformed(header)| {
-            tracing::debug!(peer = %ask.peer, header, "malformed forwarding header from a trusted proxy ignored");
-            ask.peer
-        });
-        match read(ask.headers, trust) {
-            Ok(who) => (client, who),
+    let client = client(trust, ask.peer, ask.headers);
+    let who = match &ask.named {
+        Named::ByAuth(who) => who.clone(),
+        Named::ByHeaders if trusted => match read(ask.headers, trust) {
+            Ok(who) => who,
             Err(bad) => return Gate::Bad(bad),
-        }
-    } else {
-        (ask.peer, None)
+        },
+        Named::ByHeaders => None,
     };
     let admitted = match &who {
         Some(w) => allow.admits(Some(&w.user), w.email.as_deref(), &w.groups),
@@ -62,7 +84,10 @@ pub fn decide(trust: &Trust, allow: &Allow, ask: &Asking) -> Gate {
         return Gate::Admit { client, who };
     }
     match (&who, &trust.sign_in_url) {
-        (None, Some(url)) if navigation(ask) => Gate::SignIn(sign_in_location(url, ask.target)),
+        (None, Some(url)) if navigation(ask) => {
+            let full = origin(ask.headers, trusted).map(|(proto, host)| format!("{proto}://{host}{}", ask.target));
+            Gate::SignIn(sign_in_location(url, ask.target, full.as_deref()))
+        }
         _ => Gate::Forbid { who },
     }
 }
@@ -74,10 +99,15 @@ fn navigation(ask: &Asking) -> bool {
         && ask.headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/html"))
 }
 
-/// The sign-in URL with the URL asked for in it: at `{rd}`, else as an
-/// `rd` query parameter (oauth2-proxy's `/oauth2/start?rd=`), escaped.
-pub fn sign_in_location(url: &str, target: &str) -> String {
+/// The sign-in URL with the URL asked for in it, escaped: at `{url}` the
+/// full URL (`http://host/path?query`, for a sign-in service on another
+/// host or port), at `{rd}` the path and query; with neither, the path and
+/// query as an `rd` query parameter (what oauth2-proxy's `/oauth2/start?rd=` reads).
+pub fn sign_in_location(url: &str, target: &str, full: Option<&str>) -> String {
     let rd = escape(target);
+    if url.contains("{url}") {
+        return url.replace("{url}", &escape(full.unwrap_or(target)));
+    }
     if url.contains("{rd}") {
         return url.replace("{rd}", &rd);
     }
@@ -120,6 +150,7 @@ mod tests {
             headers: &h,
             target: "/app/?x=1",
             websocket: false,
+            named: Named::ByHeaders,
         };
         decide(t, allow, &ask)
     }
@@ -179,7 +210,49 @@ mod tests {
 
     #[test]
     fn the_sign_in_url_carries_the_url_asked_for() {
-        assert_eq!(sign_in_location("/oauth2/start?rd={rd}", "/a b/?q=1&r"), "/oauth2/start?rd=/a%20b/%3Fq%3D1%26r");
-        assert_eq!(sign_in_location("https://sso/login?app=x", "/p"), "https://sso/login?app=x&rd=/p");
+        let full = Some("http://valve:8080/a b/?q=1&r");
+        assert_eq!(
+            sign_in_location("/oauth2/start?rd={rd}", "/a b/?q=1&r", full),
+            "/oauth2/start?rd=/a%20b/%3Fq%3D1%26r"
+        );
+        assert_eq!(sign_in_location("https://sso/login?app=x", "/p", None), "https://sso/login?app=x&rd=/p");
+        assert_eq!(
+            sign_in_location("http://127.0.0.1:4180/oauth2/start?rd={url}", "/a b/?q=1&r", full),
+            "http://127.0.0.1:4180/oauth2/start?rd=http%3A//valve%3A8080/a%20b/%3Fq%3D1%26r"
+        );
+        assert_eq!(sign_in_location("/s?rd={url}", "/p", None), "/s?rd=/p", "no host: the path");
+    }
+
+    #[test]
+    fn with_forward_auth_only_its_answer_names_the_caller() {
+        let t = trust(&["127.0.0.1"], Some("http://sso:4180/oauth2/start?rd={url}"));
+        let h: HeaderMap = [
+            (header::HOST, "valve:8080".parse().unwrap()),
+            (header::ACCEPT, "text/html".parse().unwrap()),
+            (HeaderName::from_static("x-forwarded-user"), "mallory".parse().unwrap()),
+        ]
+        .into_iter()
+        .collect();
+        let ask = |named| Asking {
+            peer: PROXY.parse().unwrap(),
+            method: &Method::GET,
+            headers: &h,
+            target: "/app/",
+            websocket: false,
+            named,
+        };
+        let alice = Identity { user: "alice".into(), email: None, groups: vec![] };
+        assert!(
+            matches!(decide(&t, &staff(), &ask(Named::ByAuth(Some(alice)))), Gate::Admit { who: Some(w), .. } if w.user == "alice")
+        );
+        assert_eq!(
+            decide(&t, &staff(), &ask(Named::ByAuth(None))),
+            Gate::SignIn("http://sso:4180/oauth2/start?rd=http%3A//valve%3A8080/app/".into()),
+            "a trusted proxy's X-Forwarded-User does not count with forward auth"
+        );
+        assert_eq!(
+            decide(&t, &Allow::default(), &ask(Named::ByAuth(None))),
+            Gate::Admit { client: PROXY.parse().unwrap(), who: None }
+        );
     }
 }

@@ -2,7 +2,8 @@
 //! from `X-Forwarded-For` (or, without it, RFC 7239 `Forwarded: for=`),
 //! taken as the rightmost entry that is not itself a trusted proxy (each
 //! proxy appends the peer it saw, so entries left of the first untrusted
-//! one could be anything a client wrote). Pure: headers in, an address out.
+//! one could be anything a client wrote); and the scheme and host the client
+//! asked for (`origin`). Pure: headers in, an address or a URL out.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -35,6 +36,23 @@ pub fn client_addr(peer: SocketAddr, headers: &HeaderMap, trust: &Trust) -> Resu
     }
     let pick = entries.iter().rev().find(|a| !trust.trusts(a.ip())).unwrap_or(&entries[0]);
     Ok(*pick)
+}
+
+/// The scheme and host the client asked for, `http://valve.example.org:8080`:
+/// a trusted proxy's `X-Forwarded-Proto` and `X-Forwarded-Host` (first
+/// entries), else `http` and the `Host` header. `None` without a host.
+pub fn origin(headers: &HeaderMap, trusted: bool) -> Option<(String, String)> {
+    let first = |name: &str| {
+        let v = headers.get(name)?.to_str().ok()?.split(',').next()?.trim();
+        Some(v.to_string()).filter(|v| !v.is_empty())
+    };
+    let forwarded = |name| if trusted { first(name) } else { None };
+    let proto = forwarded("x-forwarded-proto")
+        .filter(|p| p.eq_ignore_ascii_case("https") || p.eq_ignore_ascii_case("http"))
+        .map(|p| p.to_ascii_lowercase())
+        .unwrap_or_else(|| "http".to_string());
+    let host = forwarded("x-forwarded-host").or_else(|| first("host"))?;
+    Some((proto, host))
 }
 
 /// Every value of a header as one comma-separated list (ASCII only).
@@ -110,6 +128,15 @@ mod tests {
         let v6 = [("x-forwarded-for", "2001:db8::1, [2001:db8::2]:80")];
         assert_eq!(addr(&v6, &proxies).unwrap(), "[2001:db8::2]:80");
         assert_eq!(addr(&[("x-forwarded-for", "2001:db8::1")], &proxies).unwrap(), "[2001:db8::1]:0");
+    }
+
+    #[test]
+    fn the_origin_is_the_host_asked_for_and_a_trusted_proxys_scheme() {
+        let h =
+            headers(&[("host", "valve:8080"), ("x-forwarded-proto", "https"), ("x-forwarded-host", "apps.example")]);
+        assert_eq!(origin(&h, false), Some(("http".into(), "valve:8080".into())), "an untrusted peer's claims ignored");
+        assert_eq!(origin(&h, true), Some(("https".into(), "apps.example".into())));
+        assert_eq!(origin(&headers(&[("x-forwarded-proto", "gopher")]), true), None, "no host");
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! (oauth2-proxy and the like) name their user in `X-Forwarded-User`,
 //! `-Email`, `-Groups` and `-Preferred-Username`. Those headers, and the
 //! names a trusted proxy is configured to use, are removed from every
-//! request; the identity a trusted proxy gave (`read`) is then written back
-//! by valve alone, the way R reads it (`to_r`).
+//! request; the identity a trusted proxy gave (`read`), or a forward-auth
+//! service's answer (`from_auth_answer`), is then written back by valve
+//! alone, the way R reads it (`to_r`).
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
@@ -40,6 +41,23 @@ pub enum BadIdentity {
 /// The identity a trusted proxy's headers name; `None` when they name no
 /// user (no user header and no email).
 pub fn read(headers: &HeaderMap, trust: &Trust) -> Result<Option<Identity>, BadIdentity> {
+    read_names(headers, [&trust.user_header, &trust.email_header, &trust.groups_header])
+}
+
+/// oauth2-proxy's names for the identity in its `/oauth2/auth` answer (with `--set-xauthrequest`).
+const AUTH_ANSWER: [&str; 3] = ["x-auth-request-user", "x-auth-request-email", "x-auth-request-groups"];
+
+/// The identity a forward-auth service's answer names: each of the user,
+/// email and groups from oauth2-proxy's `X-Auth-Request-*` header when the
+/// answer has it, else from the header name `trust` reads (`X-Forwarded-User`...).
+pub fn from_auth_answer(headers: &HeaderMap, trust: &Trust) -> Result<Option<Identity>, BadIdentity> {
+    let configured = [&trust.user_header, &trust.email_header, &trust.groups_header];
+    let pick = |i: usize| if headers.contains_key(AUTH_ANSWER[i]) { AUTH_ANSWER[i] } else { configured[i].as_str() };
+    read_names(headers, [pick(0), pick(1), pick(2)])
+}
+
+/// The identity in the headers named `[user, email, groups]`.
+fn read_names(headers: &HeaderMap, [user, email, groups]: [&str; 3]) -> Result<Option<Identity>, BadIdentity> {
     let text = |name: &str| -> Result<Option<String>, BadIdentity> {
         let values: Vec<&HeaderValue> = headers.get_all(name).iter().collect();
         if values.is_empty() {
@@ -52,9 +70,9 @@ pub fn read(headers: &HeaderMap, trust: &Trust) -> Result<Option<Identity>, BadI
         let joined = parts.map_err(|_| BadIdentity::NotUtf8(name.to_string()))?.join(",");
         Ok(Some(joined.trim().to_string()).filter(|s| !s.is_empty()))
     };
-    let user = text(&trust.user_header)?;
-    let email = text(&trust.email_header)?;
-    let groups = text(&trust.groups_header)?;
+    let user = text(user)?;
+    let email = text(email)?;
+    let groups = text(groups)?;
     let Some(user) = user.or_else(|| email.clone()) else { return Ok(None) };
     let groups =
         groups.iter().flat_map(|g| g.split(',')).map(str::trim).filter(|g| !g.is_empty()).map(str::to_string).collect();
@@ -103,12 +121,16 @@ fn ascii_json(json: &str) -> String {
 
 /// The identity headers, lower case with `-`: R sees `x_forwarded_user` and
 /// `x-forwarded-user` as one `HTTP_X_FORWARDED_USER`, so both spellings count.
-const IDENTITY: [&str; 5] = [
+const IDENTITY: [&str; 9] = [
     "shiny-server-credentials",
     "x-forwarded-user",
     "x-forwarded-email",
     "x-forwarded-groups",
     "x-forwarded-preferred-username",
+    "x-auth-request-user",
+    "x-auth-request-email",
+    "x-auth-request-groups",
+    "x-auth-request-preferred-username",
 ];
 
 /// Whether R would read `name` as one of the identity headers.
@@ -156,9 +178,10 @@ mod tests {
         h.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
         h.insert("x-forwarded-users", HeaderValue::from_static("kept"));
         h.insert("x-auth-request-user", HeaderValue::from_static("mallory"));
-        let trust = Trust { user_header: "x-auth-request-user".into(), ..Trust::default() };
+        h.insert("x-proxy-user", HeaderValue::from_static("mallory"));
+        let trust = Trust { user_header: "x-proxy-user".into(), ..Trust::default() };
         let removed = strip_client_identity(&mut h, &trust);
-        assert_eq!(removed.len(), 8, "{removed:?}");
+        assert_eq!(removed.len(), 9, "{removed:?}");
         let mut left: Vec<_> = h.keys().map(|k| k.as_str().to_string()).collect();
         left.sort();
         assert_eq!(left, ["x-forwarded-for", "x-forwarded-users"]);
@@ -186,6 +209,25 @@ mod tests {
         let custom = Trust { user_header: "x-auth-request-user".into(), ..Trust::default() };
         let h = with(&[("x-auth-request-user", b"carol"), ("x-forwarded-user", b"mallory")]);
         assert_eq!(read(&h, &custom).unwrap().unwrap().user, "carol");
+    }
+
+    #[test]
+    fn an_auth_answer_names_the_user_in_oauth2_proxys_headers_else_the_configured_ones() {
+        let t = Trust::default();
+        let h = with(&[
+            ("x-auth-request-user", b"alice"),
+            ("x-auth-request-groups", b"staff,admins"),
+            ("x-forwarded-user", b"other"),
+            ("x-forwarded-email", b"alice@example.org"),
+        ]);
+        let who = from_auth_answer(&h, &t).unwrap().unwrap();
+        assert_eq!(
+            (who.user.as_str(), who.email.as_deref(), who.groups.len()),
+            ("alice", Some("alice@example.org"), 2),
+            "each field from X-Auth-Request-* when present, else the configured name"
+        );
+        assert_eq!(from_auth_answer(&with(&[("x-forwarded-user", b"bob")]), &t).unwrap().unwrap().user, "bob");
+        assert_eq!(from_auth_answer(&with(&[]), &t), Ok(None));
     }
 
     #[test]

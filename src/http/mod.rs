@@ -1,11 +1,13 @@
 //! HTTP in front of the apps: the listener and its drain (`server`), which
 //! app a request goes to (`router`), who is calling and may they (`access`,
-//! over `forwarded`, the client's address behind trusted proxies), the one forwarding loop (`forward`),
+//! over `forwarded`, the client's address behind trusted proxies, and `auth`,
+//! the forward-auth service asked first when `auth_url` is set), the one forwarding loop (`forward`),
 //! static content's files (`files`), bodies held whole (`body`), what goes
 //! back to clients (`reply`), and the identity headers no client may set
 //! (`identity`).
 
 mod access;
+pub mod auth;
 pub mod body;
 mod files;
 pub mod forward;

@@ -22,7 +22,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::access::{decide, Asking, Gate};
+use super::access::{decide, Asking, Gate, Named};
+use super::auth::{Asker, Question, Unavailable};
 use super::forward::{Forwarder, Served};
 use super::head::is_websocket;
 use super::identity::{strip_client_identity, BadIdentity, MAX_IDENTITY_BYTES};
@@ -71,10 +72,21 @@ pub struct ClientLimits {
     pub max_head: usize,
 }
 
+/// How the main port serves, besides its parts.
+#[derive(Clone, Copy, Debug)]
+pub struct FrontOptions {
+    pub admin_on_main: bool,
+    pub access_log: bool,
+    /// `--site`: `/` lists the apps when no app is mounted there.
+    pub listing: bool,
+}
+
 /// What answers every request on the main port.
 pub struct Front {
     router: Arc<Router>,
     pub forwarder: Forwarder,
+    /// The forward-auth service's client and cache (used when `auth_url` is set).
+    auth: Asker,
     /// valve's own pages: health and readiness always, the rest when
     /// `admin_on_main` (else they are on the admin listener only).
     admin: Arc<dyn Pages>,
@@ -90,13 +102,13 @@ impl Front {
     pub fn new(
         router: Arc<Router>,
         forwarder: Forwarder,
+        auth: Asker,
         admin: Arc<dyn Pages>,
-        admin_on_main: bool,
         closing: CancellationToken,
-        access_log: bool,
-        listing: bool,
+        options: FrontOptions,
     ) -> Arc<Self> {
-        Arc::new(Front { router, forwarder, admin, admin_on_main, closing, access_log, listing })
+        let FrontOptions { admin_on_main, access_log, listing } = options;
+        Arc::new(Front { router, forwarder, auth, admin, admin_on_main, closing, access_log, listing })
     }
 
     /// Answers one client request. Every failure becomes a short JSON answer.
@@ -134,9 +146,12 @@ impl Front {
         // The path only: query strings can carry secrets.
         let path = self.access_log.then(|| req.uri().path().to_owned());
         let mut served = Served::default();
-        let resp = match gate(&table.trust, &mounted, &mut req, peer, &mut served) {
-            Some(refused) => refused,
-            None => self.forwarder.forward(&mounted, &inner, req, peer, &mut served).await,
+        let resp = match self.named(&table.trust, &mounted, &req, peer).await {
+            Err(refused) => refused,
+            Ok(named) => match gate(&table.trust, &mounted, named, &mut req, peer, &mut served) {
+                Some(refused) => refused,
+                None => self.forwarder.forward(&mounted, &inner, req, peer, &mut served).await,
+            },
         };
         let took = start.elapsed();
         let status = resp.status().as_u16();
@@ -159,6 +174,30 @@ impl Front {
     }
 }
 
+impl Front {
+    /// Where the request's identity comes from: with `auth_url`, the auth
+    /// service's answer, or 503 when it has none (before any worker is asked).
+    async fn named(
+        &self,
+        trust: &Trust,
+        app: &Mounted,
+        req: &Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Result<Named, Response<ReplyBody>> {
+        let target = req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/");
+        let q = Question { method: req.method(), headers: req.headers(), target, peer };
+        self.auth.named(trust, &q).await.map_err(|Unavailable| {
+            app.sup.metrics.reject(Rejection::AuthUnavailable);
+            let mut resp = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the sign-in check (the forward-auth service, auth_url) is not answering; try again shortly",
+            );
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+            resp
+        })
+    }
+}
+
 /// Who is calling, and may they: obeys `access::decide` before any worker
 /// is asked. An admitted request carries its client's address (what R's
 /// `REMOTE_ADDR` says) and identity (which only valve writes for R) in its
@@ -166,13 +205,14 @@ impl Front {
 fn gate(
     trust: &Trust,
     app: &Mounted,
+    named: Named,
     req: &mut Request<Incoming>,
     peer: SocketAddr,
     served: &mut Served,
 ) -> Option<Response<ReplyBody>> {
     let target = req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/").to_owned();
-    let ask =
-        Asking { peer, method: req.method(), headers: req.headers(), target: &target, websocket: is_websocket(req) };
+    let websocket = is_websocket(req);
+    let ask = Asking { peer, method: req.method(), headers: req.headers(), target: &target, websocket, named };
     let gate = decide(trust, &app.config.allow, &ask);
     let removed = strip_client_identity(req.headers_mut(), trust);
     let metrics = &app.sup.metrics;

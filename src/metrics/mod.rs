@@ -15,8 +15,10 @@ use http::Method;
 
 use crate::worker::WorkerId;
 
+mod auth;
 mod family;
 mod shiny;
+pub use auth::{AuthCounts, AuthResult};
 pub use family::Histogram;
 use family::{header, BUCKETS};
 pub use shiny::{Reconnects, SessionEnd};
@@ -83,10 +85,12 @@ pub enum Rejection {
     AccessDenied,
     /// A browser without an identity was sent to the sign-in URL (302).
     SignIn,
+    /// The forward-auth service could not say who is calling (503).
+    AuthUnavailable,
 }
 
 impl Rejection {
-    const ALL: [Rejection; 9] = [
+    const ALL: [Rejection; 10] = [
         Rejection::QueueFull,
         Rejection::QueueTimeout,
         Rejection::ShuttingDown,
@@ -96,6 +100,7 @@ impl Rejection {
         Rejection::BadRequest,
         Rejection::AccessDenied,
         Rejection::SignIn,
+        Rejection::AuthUnavailable,
     ];
 
     fn as_str(self) -> &'static str {
@@ -109,6 +114,7 @@ impl Rejection {
             Rejection::BadRequest => "bad_request",
             Rejection::AccessDenied => "access_denied",
             Rejection::SignIn => "sign_in",
+            Rejection::AuthUnavailable => "auth_unavailable",
         }
     }
 }
@@ -310,6 +316,8 @@ pub struct Registry {
     apps: Mutex<BTreeMap<String, Arc<AppMetrics>>>,
     /// Counts log lines dropped because the log's reader fell behind.
     log_dropped: std::sync::OnceLock<Box<dyn Fn() -> u64 + Send + Sync>>,
+    /// The forward-auth service's answers.
+    pub auth: AuthCounts,
 }
 
 impl Registry {
@@ -471,6 +479,7 @@ impl Registry {
             "Log lines dropped because whatever reads valve's log fell behind.",
             self.log_dropped.get().map(|count| count()).unwrap_or(0) as f64,
         );
+        self.auth.render(&mut out);
         process_metrics(&mut out);
         out
     }

@@ -7,6 +7,7 @@ mod cut;
 mod deps;
 mod engines;
 mod fidelity;
+mod forward_auth;
 mod guard;
 mod harness;
 mod identity;

@@ -1,5 +1,5 @@
 //! A config file's access settings: `trusted_proxies`, the identity header
-//! names and `sign_in_url` at the top level (a flag given explicitly wins),
+//! names, `sign_in_url`, `auth_url` and `auth_cache` at the top level (a flag given explicitly wins),
 //! and `allow_users`/`allow_groups` per app, the top level's as defaults (an
 //! app that sets either list has its own pair, and the defaults do not apply).
 
@@ -27,13 +27,40 @@ impl Cx<'_> {
                 }
             },
         };
+        let auth = self.auth();
         Some(Trust {
+            auth: auth?,
             proxies: proxies?,
             user_header: user_header?,
             email_header: email_header?,
             groups_header: groups_header?,
             sign_in_url: sign_in_url?,
         })
+    }
+
+    /// `auth_url = "http://127.0.0.1:4180/oauth2/auth"` and `auth_cache` (seconds).
+    fn auth(&mut self) -> Option<Option<access::AuthService>> {
+        let cache = self.seconds("auth_cache", None, &self.args.auth_cache.clone(), true);
+        let (url, at) = match self.pick("auth_url", None) {
+            Some(v) => match v.get_ref().as_str() {
+                Some(url) => (url.to_string(), Some(v)),
+                None => return self.refuse(v, format!("auth_url = {}: must be a string", v.get_ref())),
+            },
+            None => match &self.args.auth_url {
+                Some(url) => (url.clone(), None),
+                None => return cache.map(|_| None),
+            },
+        };
+        match access::auth_service(&url, cache?) {
+            Ok(service) => Some(Some(service)),
+            Err(why) => match at {
+                Some(v) => self.refuse(v, format!("auth_url: {why}")),
+                None => {
+                    self.nowhere(format!("--auth-url: {why}"));
+                    None
+                }
+            },
+        }
     }
 
     /// `trusted_proxies = ["10.0.0.0/8", "192.168.1.5"]` (or one string, comma-separated).

@@ -331,3 +331,26 @@ fn bad_access_settings_are_listed_with_their_lines() {
         "--trusted-proxies: \"127.0.0.1/40\" is not an address or a CIDR such as 10.0.0.0/8, 192.168.1.5 or fd00::/8"
     );
 }
+
+#[test]
+fn auth_url_and_auth_cache_come_from_the_file_or_the_flags_and_are_checked() {
+    let (_d, path) = site_with(
+        "auth_url = \"http://127.0.0.1:4180/oauth2/auth\"\nauth_cache = 60\n\n[[app]]\nfile = \"sales/plumber.R\"\n",
+    );
+    let auth = load(&path, &args(&[])).unwrap().server.trust.auth.unwrap();
+    assert_eq!((auth.port, auth.path.as_str(), auth.cache.as_secs()), (4180, "/oauth2/auth", 60));
+    let (_d, path) = site_with("[[app]]\nfile = \"sales/plumber.R\"\n");
+    assert_eq!(load(&path, &args(&[])).unwrap().server.trust.auth, None, "no auth_url: no forward auth");
+    let flagged = load(&path, &args(&["--auth-url", "http://auth/check", "--auth-cache", "0"])).unwrap();
+    assert!(flagged.server.trust.auth.is_some_and(|a| a.cache.is_zero() && a.host == "auth"));
+    let (_d, path) = site_with("auth_url = \"https://sso.example.org/auth\"\n\n[[app]]\nfile = \"sales/plumber.R\"\n");
+    let text = load(&path, &args(&[])).unwrap_err().to_string();
+    assert!(
+        text.contains(":1:") && text.contains("\"https://sso.example.org/auth\"") && text.contains("TLS"),
+        "{text}"
+    );
+    let e = args(&["--auth-url", "auth:4180"]).trust().unwrap_err().to_string();
+    assert!(e.starts_with("--auth-url: \"auth:4180\" is not an http:// URL"), "{e}");
+    let e = args(&["--auth-url", "http://auth/", "--auth-cache", "soon"]).trust().unwrap_err().to_string();
+    assert!(e.contains("--auth-cache") && e.contains("soon"), "{e}");
+}
