@@ -341,6 +341,7 @@ impl Apps {
                 if let Some(old) = old {
                     older.push(old.sup.clone());
                     older.extend(old.older);
+                    old.sup.replaced_by(&new.sup);
                     self.wind_down(old.sup, OLD_GENERATION_MAX);
                     tracing::info!(
                         app = name,

@@ -301,9 +301,10 @@ impl Forwarder {
         let mut wanted = if shiny { self.sticky_worker(&head.headers) } else { None };
         // A browser whose worker belongs to an older generation (a reload)
         // stays with it while that worker serves sessions.
-        let sup: &Arc<Supervisor> = wanted
+        let mut sup: Arc<Supervisor> = wanted
             .and_then(|(id, _)| std::iter::once(&app.sup).chain(app.older.iter()).find(|s| s.keeps(id)))
-            .unwrap_or(&app.sup);
+            .unwrap_or(&app.sup)
+            .clone();
         let token = wanted.map(|(_, t)| t).unwrap_or_else(|| self.browsers.fetch_add(1, Ordering::Relaxed));
         let mut asked =
             Asked { hold: Hold::Lease, replayable: replayable(&head, &payload), unreachable: 0, retried: false };
@@ -314,6 +315,11 @@ impl Forwarder {
                 sup.lease().await.map(Seat::Lease)
             } {
                 Ok(seat) => seat,
+                // A reload replaced the generation this browser waited in.
+                Err(Unavailable::Replaced) if sup.successor().is_some() => {
+                    sup = sup.successor().unwrap_or(sup);
+                    continue;
+                }
                 Err(e) => return unavailable(&e),
             };
             asked.hold = seat.hold();
@@ -354,7 +360,7 @@ impl Forwarder {
                     match result {
                         Ok(Ok((parts, body))) => {
                             let reusable = !closes(&parts.headers);
-                            seat.obey(sup, after_exchange(&Outcome::Answered { reusable }, asked).fate);
+                            seat.obey(&sup, after_exchange(&Outcome::Answered { reusable }, asked).fate);
                             break (seat, parts, body);
                         }
                         Err(limit) if seat.parked() && sup.settings.limits.max_pending > 0 => {
@@ -388,7 +394,7 @@ impl Forwarder {
                 }
             };
             let verdict = after_exchange(&outcome, asked);
-            seat.obey(sup, verdict.fate);
+            seat.obey(&sup, verdict.fate);
             drop(seat);
             match verdict.next {
                 Next::Retry => {

@@ -168,6 +168,11 @@ impl<W> Pool<W> {
         self.queue.drain(..).collect()
     }
 
+    /// Whether this generation is winding down (a reload replaced it).
+    pub fn is_winding_down(&self) -> bool {
+        self.winding_down
+    }
+
     /// Winds this generation down: idle workers stop now, busy ones when their
     /// request ends (after the requests already queued), Shiny workers holding
     /// sessions or browsers on their way drain. Returns the workers to stop now.

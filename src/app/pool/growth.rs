@@ -38,7 +38,10 @@ impl<W> Pool<W> {
         let live = self.live();
         let starting = self.count(State::Starting);
         let for_min = self.limits.n_min.saturating_sub(live);
-        let waiting = self.queue.len() + self.session_demand;
+        // A generation winding down sends waiting browsers to its successor:
+        // no worker for them here.
+        let browsers = if self.winding_down { 0 } else { self.session_demand };
+        let waiting = self.queue.len() + browsers;
         let for_queue = waiting.saturating_sub(starting);
         for_min.max(for_queue).min(self.limits.n_max.saturating_sub(live))
     }

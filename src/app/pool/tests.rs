@@ -54,6 +54,20 @@ fn a_generation_winding_down_stops_workers_as_they_come_free() {
 }
 
 #[test]
+fn a_generation_winding_down_starts_no_worker_for_browsers_waiting_in_it() {
+    // A browser waited here for a place when a reload replaced the
+    // generation: it goes to the new one, and nothing starts here for it
+    // (a worker started here would only be stopped again, over and over).
+    let (mut p, t0) = pool(0, 3);
+    p.session_wanted();
+    assert_eq!(p.wants(), 1, "before the reload, a waiting browser wants a worker");
+    p.wind_down();
+    assert!(p.is_winding_down());
+    assert_eq!(p.wants(), 0);
+    assert!(grow(&mut p, t0).is_empty());
+}
+
+#[test]
 fn winding_down_stops_idle_workers_and_drains_shiny_ones() {
     let (mut p, t0) = pool(3, 4);
     let start = p.grow(t0, 10);

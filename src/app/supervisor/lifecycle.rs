@@ -50,6 +50,18 @@ impl Supervisor {
         }
     }
 
+    /// A reload: `next` serves this app from now on. Browsers still waiting
+    /// here for a place go to it (`Unavailable::Replaced`). Call before
+    /// `wind_down`.
+    pub fn replaced_by(&self, next: &Arc<Supervisor>) {
+        let _ = self.successor.set(Arc::downgrade(next));
+    }
+
+    /// The generation that replaced this one, while it runs.
+    pub fn successor(&self) -> Option<Arc<Supervisor>> {
+        self.successor.get().and_then(std::sync::Weak::upgrade)
+    }
+
     /// Winds this generation down (its app was reloaded or removed): no new
     /// worker, idle ones stop now, busy ones once their request (and those
     /// already queued) are done, Shiny workers once their sessions end; after

@@ -64,6 +64,10 @@ pub enum Unavailable {
     QueueFull,
     #[error("no worker came free within --queue-timeout")]
     QueueTimeout,
+    /// A browser waited for a place in a generation that a reload replaced
+    /// (or removed) meanwhile: it goes to the successor, if there is one.
+    #[error("the app was reloaded or removed while this request waited")]
+    Replaced,
 }
 
 /// One app's settings, as the supervisor needs them.
@@ -119,6 +123,9 @@ pub struct Supervisor {
     /// Shiny: the signed-in users of each worker's open sessions, for the
     /// status page (its own lock, never taken with the fleet's held).
     users: Mutex<BTreeMap<WorkerId, Vec<String>>>,
+    /// The generation that replaced this one (a reload), for browsers that
+    /// were waiting here for a place when it did.
+    successor: std::sync::OnceLock<std::sync::Weak<Supervisor>>,
 }
 
 pub(super) type Waiter = oneshot::Sender<Lease>;
@@ -181,6 +188,7 @@ impl Supervisor {
             tasks: TaskTracker::new(),
             loops: CancellationToken::new(),
             users: Mutex::new(BTreeMap::new()),
+            successor: std::sync::OnceLock::new(),
         });
         fleet.lock().apps.insert(
             key,

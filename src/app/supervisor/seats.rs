@@ -133,6 +133,11 @@ impl Supervisor {
                         break Ok(sticky);
                     }
                 }
+                // Replaced while this browser waited: its workers take no new
+                // session and it starts none, so the browser goes elsewhere.
+                if app.pool.is_winding_down() {
+                    break Err(Unavailable::Replaced);
+                }
                 if !counted {
                     app.pool.session_wanted();
                     counted = true;
