@@ -109,6 +109,11 @@ impl Trust {
     pub fn trusts(&self, ip: IpAddr) -> bool {
         self.proxies.iter().any(|c| c.contains(ip))
     }
+
+    /// The names a sign-in proxy's identity is read from: `[user, email, groups]`.
+    pub fn identity_headers(&self) -> [&str; 3] {
+        [&self.user_header, &self.email_header, &self.groups_header]
+    }
 }
 
 /// A header name as an identity header: letters, digits and `-`, lower case.

@@ -316,11 +316,13 @@ impl Forwarder {
             } {
                 Ok(seat) => seat,
                 // A reload replaced the generation this browser waited in.
-                Err(Unavailable::Replaced) if sup.successor().is_some() => {
-                    sup = sup.successor().unwrap_or(sup);
-                    continue;
-                }
-                Err(e) => return unavailable(&e),
+                Err(e) => match (&e, sup.successor()) {
+                    (Unavailable::Replaced, Some(next)) => {
+                        sup = next;
+                        continue;
+                    }
+                    _ => return unavailable(&e),
+                },
             };
             asked.hold = seat.hold();
             let worker = seat.worker();

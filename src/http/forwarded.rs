@@ -7,12 +7,13 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use http::header::{HeaderMap, HeaderName};
+use http::header::{self, HeaderMap, HeaderName};
 
 use crate::config::Trust;
 
+use super::head::{X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO};
+
 static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// A forwarding header valve could not read: the peer's address is used.
 #[derive(Debug, PartialEq, Eq)]
@@ -42,16 +43,16 @@ pub fn client_addr(peer: SocketAddr, headers: &HeaderMap, trust: &Trust) -> Resu
 /// a trusted proxy's `X-Forwarded-Proto` and `X-Forwarded-Host` (first
 /// entries), else `http` and the `Host` header. `None` without a host.
 pub fn origin(headers: &HeaderMap, trusted: bool) -> Option<(String, String)> {
-    let first = |name: &str| {
+    let first = |name: &HeaderName| {
         let v = headers.get(name)?.to_str().ok()?.split(',').next()?.trim();
         Some(v.to_string()).filter(|v| !v.is_empty())
     };
     let forwarded = |name| if trusted { first(name) } else { None };
-    let proto = forwarded("x-forwarded-proto")
+    let proto = forwarded(&X_FORWARDED_PROTO)
         .filter(|p| p.eq_ignore_ascii_case("https") || p.eq_ignore_ascii_case("http"))
         .map(|p| p.to_ascii_lowercase())
         .unwrap_or_else(|| "http".to_string());
-    let host = forwarded("x-forwarded-host").or_else(|| first("host"))?;
+    let host = forwarded(&X_FORWARDED_HOST).or_else(|| first(&header::HOST))?;
     Some((proto, host))
 }
 

@@ -41,7 +41,7 @@ pub enum BadIdentity {
 /// The identity a trusted proxy's headers name; `None` when they name no
 /// user (no user header and no email).
 pub fn read(headers: &HeaderMap, trust: &Trust) -> Result<Option<Identity>, BadIdentity> {
-    read_names(headers, [&trust.user_header, &trust.email_header, &trust.groups_header])
+    read_names(headers, trust.identity_headers())
 }
 
 /// oauth2-proxy's names for the identity in its `/oauth2/auth` answer (with `--set-xauthrequest`).
@@ -51,8 +51,8 @@ const AUTH_ANSWER: [&str; 3] = ["x-auth-request-user", "x-auth-request-email", "
 /// email and groups from oauth2-proxy's `X-Auth-Request-*` header when the
 /// answer has it, else from the header name `trust` reads (`X-Forwarded-User`...).
 pub fn from_auth_answer(headers: &HeaderMap, trust: &Trust) -> Result<Option<Identity>, BadIdentity> {
-    let configured = [&trust.user_header, &trust.email_header, &trust.groups_header];
-    let pick = |i: usize| if headers.contains_key(AUTH_ANSWER[i]) { AUTH_ANSWER[i] } else { configured[i].as_str() };
+    let configured = trust.identity_headers();
+    let pick = |i: usize| if headers.contains_key(AUTH_ANSWER[i]) { AUTH_ANSWER[i] } else { configured[i] };
     read_names(headers, [pick(0), pick(1), pick(2)])
 }
 
@@ -144,12 +144,9 @@ fn is_identity(name: &HeaderName) -> bool {
 /// Removes every identity header a client sent, and the names `trust` reads
 /// identity from; returns the names removed (for a debug line: never their values).
 pub fn strip_client_identity(headers: &mut HeaderMap, trust: &Trust) -> Vec<HeaderName> {
-    let configured = [&trust.user_header, &trust.email_header, &trust.groups_header];
-    let found: Vec<HeaderName> = headers
-        .keys()
-        .filter(|n| is_identity(n) || configured.iter().any(|c| c.as_str() == n.as_str()))
-        .cloned()
-        .collect();
+    let configured = trust.identity_headers();
+    let found: Vec<HeaderName> =
+        headers.keys().filter(|n| is_identity(n) || configured.contains(&n.as_str())).cloned().collect();
     for name in &found {
         headers.remove(name);
     }

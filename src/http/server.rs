@@ -146,9 +146,10 @@ impl Front {
         // The path only: query strings can carry secrets.
         let path = self.access_log.then(|| req.uri().path().to_owned());
         let mut served = Served::default();
-        let resp = match self.named(&table.trust, &mounted, &req, peer).await {
+        let target = req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/").to_owned();
+        let resp = match self.named(&table.trust, &mounted, &req, &target, peer).await {
             Err(refused) => refused,
-            Ok(named) => match gate(&table.trust, &mounted, named, &mut req, peer, &mut served) {
+            Ok(named) => match gate(&table.trust, &mounted, named, &mut req, &target, peer, &mut served) {
                 Some(refused) => refused,
                 None => self.forwarder.forward(&mounted, &inner, req, peer, &mut served).await,
             },
@@ -182,9 +183,9 @@ impl Front {
         trust: &Trust,
         app: &Mounted,
         req: &Request<Incoming>,
+        target: &str,
         peer: SocketAddr,
     ) -> Result<Named, Response<ReplyBody>> {
-        let target = req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/");
         let q = Question { method: req.method(), headers: req.headers(), target, peer };
         self.auth.named(trust, &q).await.map_err(|Unavailable| {
             app.sup.metrics.reject(Rejection::AuthUnavailable);
@@ -207,12 +208,12 @@ fn gate(
     app: &Mounted,
     named: Named,
     req: &mut Request<Incoming>,
+    target: &str,
     peer: SocketAddr,
     served: &mut Served,
 ) -> Option<Response<ReplyBody>> {
-    let target = req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/").to_owned();
     let websocket = is_websocket(req);
-    let ask = Asking { peer, method: req.method(), headers: req.headers(), target: &target, websocket, named };
+    let ask = Asking { peer, method: req.method(), headers: req.headers(), target, websocket, named };
     let gate = decide(trust, &app.config.allow, &ask);
     let removed = strip_client_identity(req.headers_mut(), trust);
     let metrics = &app.sup.metrics;

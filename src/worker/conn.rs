@@ -35,11 +35,7 @@ pub static CLIENT_ADDR: http::HeaderName = http::HeaderName::from_static("x-valv
 pub static CLIENT_PORT: http::HeaderName = http::HeaderName::from_static("x-valve-remote-port");
 
 fn name_the_client<B>(req: &mut http::Request<B>) {
-    let Some(addrs) = req.extensions().get::<ClientAddrs>().copied() else {
-        req.headers_mut().remove(&CLIENT_ADDR);
-        req.headers_mut().remove(&CLIENT_PORT);
-        return;
-    };
+    let Some(addrs) = req.extensions().get::<ClientAddrs>().copied() else { return };
     let headers = req.headers_mut();
     if let Ok(ip) = http::HeaderValue::from_str(&addrs.remote.ip().to_string()) {
         headers.insert(CLIENT_ADDR.clone(), ip);
