@@ -118,8 +118,8 @@ pub struct Resumes {
     close: CancellationToken,
     /// Fired when valve drains: no browser can come back to it any more.
     drain: CancellationToken,
-    /// Resume sockets waiting for their hello.
-    hellos: Arc<std::sync::atomic::AtomicUsize>,
+    /// A place for each resume socket waiting for its hello (`HELLOS_WAITING`).
+    hellos: Arc<tokio::sync::Semaphore>,
 }
 
 impl Resumes {
@@ -130,7 +130,7 @@ impl Resumes {
             tasks,
             close,
             drain: CancellationToken::new(),
-            hellos: Arc::default(),
+            hellos: Arc::new(tokio::sync::Semaphore::new(HELLOS_WAITING)),
         }
     }
 
@@ -192,15 +192,12 @@ impl Resumes {
     /// asked), then hands the socket to its session if it names one of
     /// `app`'s with the right secret, else closes it with 4700.
     pub fn resume(self: &Arc<Self>, client: OnUpgrade, key: &HeaderValue, sup: Arc<Supervisor>) -> Response<ReplyBody> {
-        use std::sync::atomic::Ordering;
-        if self.hellos.fetch_add(1, Ordering::Relaxed) >= HELLOS_WAITING {
-            self.hellos.fetch_sub(1, Ordering::Relaxed);
+        let Ok(waiting) = self.hellos.clone().try_acquire_owned() else {
             let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, "too many reconnects at once; try again");
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             return resp;
-        }
+        };
         let resumes = self.clone();
-        let waiting = Waiting(self.hellos.clone());
         self.tasks.spawn(async move {
             let Ok(client) = client.await else { return };
             let mut ws = socket(client, Role::Server, BROWSER_MESSAGE).await;
@@ -262,15 +259,6 @@ impl Resumes {
 async fn socket(io: hyper::upgrade::Upgraded, role: Role, max: usize) -> Ws {
     let config = WebSocketConfig::default().max_message_size(Some(max)).max_frame_size(Some(max));
     WebSocketStream::from_raw_socket(TokioIo::new(io), role, Some(config)).await
-}
-
-/// Counts a resume socket waiting for its hello while it lives.
-struct Waiting(Arc<std::sync::atomic::AtomicUsize>);
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
 }
 
 /// `n` random bytes from the OS, in hex.
