@@ -183,18 +183,16 @@ pub fn resolve(path: &Path, what: &str) -> Result<AppSource, ConfigError> {
             (AppSource::PlumberDir(abs), file)
         } else if let Some(file) = find_ci(&abs, "server.R").or_else(|| find_ci(&abs, "app.R")) {
             (AppSource::Shiny(abs), file)
-        } else if let Some(doc) = rmd::document_of(&abs)? {
+        } else if let Some(doc) =
+            rmd::document_of(&abs)?.map_or_else(|| rmd::quarto_document_of(&abs), |d| Ok(Some(d)))?
+        {
             match (rmd::interactive(&doc), index_html(&abs)) {
                 (Ok(runtime), _) => (AppSource::ShinyRmd { doc: doc.clone(), runtime, folder: true }, doc),
-                // A document knitted to the page beside it: the page is what is served.
-                (Err(ConfigError::NotInteractive(_)), Some(index)) => (AppSource::Static(abs), index),
-                (Err(e), _) => return Err(e),
-            }
-        } else if let Some(doc) = rmd::quarto_document_of(&abs)? {
-            match (rmd::interactive(&doc), index_html(&abs)) {
-                (Ok(runtime), _) => (AppSource::ShinyRmd { doc: doc.clone(), runtime, folder: true }, doc),
-                // A Quarto site or document rendered beside its sources: static.
-                (Err(ConfigError::QuartoNotInteractive(_)), Some(index)) => (AppSource::Static(abs), index),
+                // A document (R Markdown or Quarto) rendered to the page beside
+                // it: the page is what is served.
+                (Err(ConfigError::NotInteractive(_) | ConfigError::QuartoNotInteractive(_)), Some(index)) => {
+                    (AppSource::Static(abs), index)
+                }
                 (Err(e), _) => return Err(e),
             }
         } else if let Some(index) = index_html(&abs) {
