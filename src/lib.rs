@@ -12,6 +12,7 @@
 //! - `admin`: valve's own pages under /__valve__/.
 //! - `metrics`: counters, histograms and the dashboard's history.
 //! - `log`: non-blocking logging, text or JSON.
+//! - `mac`: valve's secret keys and their MACs (HMAC-SHA-256).
 //! - `reload`: the apps being served, their generations, and reloads.
 //! - `shutdown`: the signals that stop valve, fanned out as tokens.
 //! - `healthcheck`: `valve --healthcheck`.
@@ -22,6 +23,7 @@ pub mod config;
 pub mod healthcheck;
 pub mod http;
 pub mod log;
+pub mod mac;
 pub mod metrics;
 pub mod reload;
 pub mod shutdown;

@@ -7,7 +7,6 @@
 //! means (`verdict`) and the cache are pure; `Asker` does the I/O.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -59,17 +58,16 @@ pub fn verdict(status: StatusCode, headers: &HeaderMap, trust: &Trust) -> Result
 /// Recent answers, by a keyed 128-bit hash of (auth URL, Cookie, Authorization).
 struct Cache {
     entries: HashMap<u128, (Instant, Option<Identity>)>,
-    keys: (RandomState, RandomState),
+    key: crate::mac::Key,
 }
 
 impl Cache {
     fn new() -> Self {
-        Cache { entries: HashMap::new(), keys: (RandomState::new(), RandomState::new()) }
+        Cache { entries: HashMap::new(), key: crate::mac::Key::random() }
     }
 
     fn key(&self, url: &str, cookie: &[u8], authorization: &[u8]) -> u128 {
-        let parts = (url, cookie, authorization);
-        (u128::from(self.keys.0.hash_one(parts)) << 64) | u128::from(self.keys.1.hash_one(parts))
+        self.key.tag128(&[url.as_bytes(), cookie, authorization])
     }
 
     fn get(&mut self, key: u128, now: Instant, ttl: Duration) -> Option<Option<Identity>> {

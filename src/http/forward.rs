@@ -22,7 +22,6 @@
 //!    opened it, becomes a session that outlives its connection
 //!    (`http::resume`), and a Shiny page gets that script's tag.
 
-use std::hash::BuildHasher;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -83,7 +82,7 @@ pub struct Forwarder {
     /// The longest a client may stay silent while sending a body.
     client_timeout: Duration,
     /// Keys the sticky cookie's check, so a browser cannot name a worker it was not given.
-    cookie_key: std::collections::hash_map::RandomState,
+    cookie_key: crate::mac::Key,
     /// Numbers the browsers placed on Shiny workers (their cookie's token).
     browsers: std::sync::atomic::AtomicU64,
     /// Open WebSocket sessions, so the drain can wait for them.
@@ -176,7 +175,7 @@ impl Forwarder {
         Forwarder {
             spool,
             client_timeout,
-            cookie_key: std::collections::hash_map::RandomState::new(),
+            cookie_key: crate::mac::Key::random(),
             browsers: std::sync::atomic::AtomicU64::new(1),
             resumes: Arc::new(Resumes::new(bounds, sessions.clone(), close_sessions.clone())),
             sessions,
@@ -419,10 +418,10 @@ impl Forwarder {
             Seat::Sticky(sticky) if sticky.new => {
                 let path = if app.config.prefix == "/" { "/".to_string() } else { format!("{}/", app.config.prefix) };
                 HeaderValue::from_str(&format!(
-                    "{STICKY_COOKIE}={}.{:x}.{:016x}; Path={path}; HttpOnly; SameSite=Lax",
+                    "{STICKY_COOKIE}={}.{:x}.{}; Path={path}; HttpOnly; SameSite=Lax",
                     sticky.worker,
                     sticky.token,
-                    self.cookie_key.hash_one((sticky.worker, sticky.token))
+                    self.cookie_mac(sticky.worker, sticky.token)
                 ))
                 .ok()
             }
@@ -504,6 +503,11 @@ impl Forwarder {
         out
     }
 
+    /// The sticky cookie's MAC of a worker and a browser's token (128 bits of HMAC-SHA-256).
+    fn cookie_mac(&self, worker: WorkerId, token: u64) -> String {
+        self.cookie_key.tag_hex(&[&worker.to_be_bytes(), &token.to_be_bytes()])
+    }
+
     /// The worker and browser token this browser's sticky cookie names, if
     /// the cookie is one valve gave (in this run).
     fn sticky_worker(&self, headers: &HeaderMap) -> Option<(WorkerId, u64)> {
@@ -513,8 +517,8 @@ impl Forwarder {
                 let mut parts = value.split('.');
                 let id: WorkerId = parts.next()?.parse().ok()?;
                 let token = u64::from_str_radix(parts.next()?, 16).ok()?;
-                let mac = u64::from_str_radix(parts.next()?, 16).ok()?;
-                (mac == self.cookie_key.hash_one((id, token))).then_some((id, token))
+                let mac = parts.next()?;
+                crate::mac::same(self.cookie_mac(id, token).as_bytes(), mac.as_bytes()).then_some((id, token))
             },
         )
     }

@@ -3,7 +3,8 @@
 //! copy-on-write and start in milliseconds.
 //!
 //! The protocol is three private channels, none of them the user's output:
-//! - valve → parent: lines `fork ID SOCKET FIFO` on the parent's stdin;
+//! - valve → parent: lines `fork ID SOCKET FIFO TOKEN` on the parent's stdin
+//!   (TOKEN: the fork's own frames token, `-` for none);
 //! - fork → valve: the FIFO (in the private run directory): its first line is
 //!   `valve-fork-pid PID`, then everything the fork prints (it `sink()`s there),
 //!   so each fork's output is logged under its own id and pid; a fork that
@@ -110,7 +111,9 @@ impl ForkServer {
         let said_exit = Arc::new(StdMutex::new(None));
         tokio::spawn(fork_output(output, id, tail.clone(), pid_tx, said_exit.clone()));
 
-        let line = format!("fork {id} {} {}\n", socket.display(), fifo.display());
+        // The fork's own frames token goes on the parent's private stdin ("-": none).
+        let token = spec.frame_token(id).unwrap_or_else(|| "-".into());
+        let line = format!("fork {id} {} {} {token}\n", socket.display(), fifo.display());
         if let Err(e) = parent.stdin.write_all(line.as_bytes()).await {
             return Err(StartError::Io(io::Error::other(format!("cannot reach the preload parent: {e}"))));
         }

@@ -13,7 +13,8 @@
 # VALVE_MODE=render: render a shiny-prerendered document once, before valve
 #   starts its workers, and exit (workers never render it themselves).
 # VALVE_MODE=preload: load the API (or the Shiny app) once, then fork a worker
-#   for each line `fork ID SOCKET FIFO` valve writes on stdin; exit when stdin closes.
+#   for each line `fork ID SOCKET FIFO TOKEN` valve writes on stdin (TOKEN: the
+#   fork's own frames token, `-` for none); exit when stdin closes.
 # VALVE_TRANSPORT (plumber only; Shiny always uses httpuv):
 #   frames: the request loop in VALVE_LOOP (loop.R, next to this file) takes
 #     requests from valve over one loopback connection it opens to
@@ -101,7 +102,7 @@ local({
     length(fields) >= 20 && identical(fields[20], valve_start)
   }
 
-  become_worker <- function(id, socket, fifo, serve) {
+  become_worker <- function(id, socket, fifo, token, serve) {
     # Output goes to valve through this fork's own channel, pid first.
     # Opened read-write: unlike a write-only open, that never blocks waiting for a reader.
     out <- file(fifo, open = "w+", raw = TRUE)
@@ -110,6 +111,7 @@ local({
     sink(out)
     sink(out, type = "message")
     Sys.setenv(VALVE_WORKER_ID = id, VALVE_SOCKET = socket)
+    if (!identical(token, "-")) Sys.setenv(VALVE_FRAME_TOKEN = token)
     # A fresh individual: R seeds its generator from the time and pid on next use.
     if (exists(".Random.seed", envir = globalenv(), inherits = FALSE)) {
       rm(".Random.seed", envir = globalenv())
@@ -155,11 +157,11 @@ local({
       line <- readLines(commands, n = 1)
       if (length(line) == 0) quit(save = "no", status = 0)
       words <- strsplit(line, " ", fixed = TRUE)[[1]]
-      if (length(words) != 4 || words[1] != "fork") next
+      if (length(words) != 5 || words[1] != "fork") next
       child <- parallel:::mcfork(estranged = TRUE)
       if (inherits(child, "masterProcess")) {
         close(commands)
-        return(become_worker(words[2], words[3], words[4], serve))
+        return(become_worker(words[2], words[3], words[4], words[5], serve))
       }
     }
   }

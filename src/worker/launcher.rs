@@ -69,6 +69,9 @@ impl Launch for RLauncher {
                 None => {
                     let mut cmd = self.spec.command("plain");
                     cmd.env("VALVE_SOCKET", &socket).env("VALVE_WORKER_ID", id.to_string()).stdin(Stdio::null());
+                    if let Some(token) = self.spec.frame_token(id) {
+                        cmd.env("VALVE_FRAME_TOKEN", token);
+                    }
                     if let Some(port) = engine_port {
                         cmd.env("VALVE_ENGINE_HOST", Ipv4Addr::LOCALHOST.to_string())
                             .env("VALVE_ENGINE_PORT", port.to_string());

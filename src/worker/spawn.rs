@@ -137,7 +137,7 @@ impl Spec {
             .process_group(0)
             .kill_on_drop(true);
         if let Some(hub) = &self.frames {
-            cmd.envs(hub.env());
+            cmd.env("VALVE_FRAME_PORT", hub.port().to_string());
         }
         if let AppSource::ServerYml { settings, engine, .. } = &self.app {
             cmd.env("VALVE_ENGINE", engine).env("VALVE_SETTINGS", settings);
@@ -163,6 +163,11 @@ impl Spec {
             });
         }
         cmd
+    }
+
+    /// Worker `id`'s own frames token (none for a Shiny, httpuv or engine worker).
+    pub(super) fn frame_token(&self, id: WorkerId) -> Option<String> {
+        self.frames.as_ref().map(|hub| hub.token(id))
     }
 
     pub(super) fn socket_path(&self, id: WorkerId) -> PathBuf {

@@ -1,8 +1,11 @@
-//! valve's one frames listener (`FrameHub`: `127.0.0.1:0` and the run's
-//! secret token) and each worker's `FrameConnector`: a connection becomes a
-//! worker's only after a valid hello (right token, compared in constant
-//! time; an id valve is starting and has no connection for yet; the pid of
-//! the process valve started or one of its descendants) within 5 s.
+//! valve's one frames listener (`FrameHub`: `127.0.0.1:0` and the key its
+//! workers' tokens are made with) and each worker's `FrameConnector`: a
+//! connection becomes a worker's only after a valid hello (an id valve is
+//! starting and has no connection for yet; that worker's own token, an HMAC
+//! of its id under a key only valve holds, compared in constant time; the
+//! pid of the process valve started or one of its descendants) within 5 s.
+//! A worker knows its own token only, so no app can speak for another app's
+//! worker.
 
 use std::collections::HashMap;
 use std::io::{self};
@@ -38,12 +41,17 @@ struct Hello {
 }
 
 pub(super) struct HubShared {
-    pub(super) token: String,
+    /// Makes each worker's token; never leaves valve.
+    key: crate::mac::Key,
     /// Workers valve is starting and that have not said hello yet.
     waiting: Mutex<HashMap<WorkerId, oneshot::Sender<Hello>>>,
 }
 
 impl HubShared {
+    pub(super) fn token(&self, id: WorkerId) -> String {
+        self.key.tag_hex(&[b"valve-frames hello", &id.to_be_bytes()])
+    }
+
     fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<WorkerId, oneshot::Sender<Hello>>> {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -64,15 +72,20 @@ impl FrameHub {
         std_listener.set_nonblocking(true)?;
         let listener = TcpListener::from_std(std_listener)?;
         let port = listener.local_addr()?.port();
-        let shared = Arc::new(HubShared { token: new_token()?, waiting: Mutex::new(HashMap::new()) });
+        let shared = Arc::new(HubShared { key: crate::mac::Key::random(), waiting: Mutex::new(HashMap::new()) });
         let acceptor = tokio::spawn(accept_loop(listener, shared.clone()));
         tracing::debug!(port, "worker listener (valve-frames/2) ready");
         Ok(Arc::new(FrameHub { port, shared, acceptor }))
     }
 
-    /// What a worker needs in its environment to reach valve.
-    pub fn env(&self) -> [(&'static str, String); 2] {
-        [("VALVE_FRAME_PORT", self.port.to_string()), ("VALVE_FRAME_TOKEN", self.shared.token.clone())]
+    /// Where workers reach valve.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Worker `id`'s token, which its hello must carry.
+    pub fn token(&self, id: WorkerId) -> String {
+        self.shared.token(id)
     }
 
     /// Expects a hello from worker `id` (call before the worker can say it).
@@ -103,17 +116,7 @@ impl Drop for FrameHub {
     }
 }
 
-/// 32 random bytes, in hex.
-fn new_token() -> io::Result<String> {
-    let mut bytes = [0u8; 32];
-    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// Compares in time that depends only on the lengths, never on where they differ.
-pub(super) fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
+pub(super) use crate::mac::same as same_secret;
 
 async fn accept_loop(listener: TcpListener, shared: Arc<HubShared>) {
     let unauthenticated = Arc::new(Semaphore::new(MAX_UNAUTHENTICATED));
@@ -171,11 +174,11 @@ async fn read_hello(mut stream: TcpStream, shared: &HubShared) -> Result<(Worker
     if *protocol != PROTOCOL || !end.is_empty() {
         return Err("not valve-frames/2");
     }
-    // The token before anything else is believed (it is never logged).
-    if !same_secret(token, shared.token.as_bytes()) {
+    let id: WorkerId = std::str::from_utf8(id).ok().and_then(|s| s.parse().ok()).ok_or("malformed worker id")?;
+    // That worker's token before anything else is believed (it is never logged).
+    if !same_secret(token, shared.token(id).as_bytes()) {
         return Err("wrong token");
     }
-    let id: WorkerId = std::str::from_utf8(id).ok().and_then(|s| s.parse().ok()).ok_or("malformed worker id")?;
     let pid: u32 = std::str::from_utf8(pid).ok().and_then(|s| s.parse().ok()).ok_or("malformed pid")?;
     Ok((id, Hello { stream, pid }))
 }

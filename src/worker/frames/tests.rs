@@ -78,7 +78,7 @@ async fn fake_worker(
     mut answer: impl FnMut(FrameHeader, Vec<u8>, Vec<u8>) -> Vec<u8> + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
     let mut s = TcpStream::connect(("127.0.0.1", hub.port)).await.unwrap();
-    s.write_all(&hello(id, std::process::id(), &hub.shared.token)).await.unwrap();
+    s.write_all(&hello(id, std::process::id(), &hub.token(id.parse().unwrap()))).await.unwrap();
     tokio::spawn(async move {
         while let Ok((h, head, body)) = read_frame(&mut s).await {
             if h.kind == answer::PING {
@@ -235,9 +235,12 @@ async fn hellos_are_checked() {
     let mut wrong = TcpStream::connect(("127.0.0.1", hub.port)).await.unwrap();
     wrong.write_all(&hello("9", std::process::id(), &"0".repeat(64))).await.unwrap();
     let mut stranger = TcpStream::connect(("127.0.0.1", hub.port)).await.unwrap();
-    stranger.write_all(&hello("12345", std::process::id(), &hub.shared.token)).await.unwrap();
+    stranger.write_all(&hello("12345", std::process::id(), &hub.token(12345))).await.unwrap();
+    // Another worker's token does not open this worker's door.
+    let mut borrowed = TcpStream::connect(("127.0.0.1", hub.port)).await.unwrap();
+    borrowed.write_all(&hello("9", std::process::id(), &hub.token(10))).await.unwrap();
     let _silent = TcpStream::connect(("127.0.0.1", hub.port)).await.unwrap();
-    for s in [&mut wrong, &mut stranger] {
+    for s in [&mut wrong, &mut stranger, &mut borrowed] {
         let mut buf = [0u8; 1];
         let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap().unwrap_or(0);
         assert_eq!(n, 0, "refused connections are closed");
@@ -249,7 +252,7 @@ async fn hellos_are_checked() {
     assert!(conn.is_ok());
     // A second hello for the same id is refused.
     let mut again = TcpStream::connect(("127.0.0.1", hub.port)).await.unwrap();
-    again.write_all(&hello("9", std::process::id(), &hub.shared.token)).await.unwrap();
+    again.write_all(&hello("9", std::process::id(), &hub.token(9))).await.unwrap();
     let mut buf = [0u8; 1];
     let n = tokio::time::timeout(Duration::from_secs(5), again.read(&mut buf)).await.unwrap().unwrap_or(0);
     assert_eq!(n, 0);
