@@ -21,6 +21,8 @@ pub(super) const APP_KEYS: &[&str] = &[
     "r_bin",
     "start_timeout",
     "env",
+    "run_as",
+    "memory_limit",
 ];
 
 /// Who may use an app: in an `[[app]]` table (static ones too) and at the
@@ -54,6 +56,8 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "sign_in_url",
     "auth_url",
     "auth_cache",
+    "state_dir",
+    "uid_range",
 ];
 
 /// The flag a key stands for, for messages about flag values.
@@ -73,6 +77,7 @@ pub(super) fn flag_name(key: &str) -> &'static str {
         "shiny_session_buffer" => "--shiny-session-buffer",
         "shiny_buffer_total" => "--shiny-buffer-total",
         "auth_cache" => "--auth-cache",
+        "memory_limit" => "--memory-limit",
         _ => "a setting",
     }
 }

@@ -13,8 +13,10 @@
 //! checked `Config`, app names and prefixes, valve's own admin path),
 //! `problems` (a config file's
 //! problems with line and column), `keys` (the names of its settings),
-//! `site` (`--site`), `flags` (clap), `file` (the TOML reader), `source`
-//! (where a configuration comes from, for reloads).
+//! `users` (whom an app's R runs as: `run_as`, an app's own uid, what the
+//! kernel lets valve do), `settle` (accounts and readable folders, once
+//! every app is read), `site` (`--site`), `flags` (clap), `file` (the TOML
+//! reader), `source` (where a configuration comes from, for reloads).
 
 mod access;
 mod discover;
@@ -26,8 +28,10 @@ mod keys;
 mod model;
 mod problems;
 mod rmd;
+mod settle;
 mod site;
 mod source;
+mod users;
 
 pub use access::{Allow, AuthService, Cidr, Trust};
 pub use discover::{index_html, AppSource};
@@ -37,3 +41,4 @@ pub use model::{is_admin_path, normal_prefix, valid_name, AppConfig, Config, Ser
 pub use problems::{Problem, Problems};
 pub use rmd::{is_output_of_a_document, Runtime};
 pub use source::{LoadError, Source};
+pub use users::{blocked_ancestor, Account, AccountKind, Isolation, Kernel, RunAs, DEFAULT_UID_RANGE};
