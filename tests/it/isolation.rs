@@ -20,18 +20,11 @@ fn status_code(url: &str) -> u16 {
     get(url).0
 }
 
-/// A process's real uid and a variable of its environment, as root reads them.
+/// A process's real uid, as root reads it.
 fn uid_of(pid: u32) -> u32 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
-fn env_of(pid: u32, key: &str) -> Option<String> {
-    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-    env.split(|b| *b == 0)
-        .filter_map(|kv| std::str::from_utf8(kv).ok())
-        .find_map(|kv| kv.strip_prefix(&format!("{key}=")).map(str::to_string))
 }
 
 fn config(alpha: &Path, beta: &Path, extra: &str) -> (tempfile::TempDir, std::path::PathBuf) {
@@ -129,7 +122,17 @@ fn an_app_cannot_read_signal_or_reach_another_app_or_valve_and_its_memory_limit_
     assert!(pid_alive(beta_pid) && pid_alive(valve_pid));
 
     // beta's socket: not there for alpha, and no answer from it.
-    let socket = env_of(beta_pid, "VALVE_SOCKET").expect("beta's worker has a socket");
+    // valve's run directory from the worker's command line (`--file=RUN/lib/launcher.R`).
+    let cmdline = std::fs::read(format!("/proc/{beta_pid}/cmdline")).unwrap();
+    let launcher = cmdline
+        .split(|b| *b == 0)
+        .filter_map(|a| std::str::from_utf8(a).ok())
+        .find_map(|a| a.strip_prefix("--file="))
+        .expect("R runs the launcher")
+        .to_string();
+    let run_dir = Path::new(&launcher).parent().and_then(Path::parent).unwrap();
+    let beta_id = app("beta")["workers"][0]["id"].as_u64().unwrap();
+    let socket = run_dir.join(format!("apps/beta/w{beta_id}.sock")).display().to_string();
     assert!(Path::new(&socket).exists(), "the socket exists for valve: {socket}");
     let talk = alpha(&format!("/socket?path={socket}"));
     assert_eq!(talk["exists"], false, "beta's socket is not in alpha's view: {talk}");
