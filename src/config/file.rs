@@ -15,8 +15,8 @@ use toml::Spanned;
 
 use super::discover;
 use super::error::{
-    parse_reconnect_window, parse_seconds, parse_session_buffer, parse_size, show_size, ConfigError,
-    MAX_RECONNECT_WINDOW, MIN_SESSION_BUFFER, RECONNECT_RANGE, SESSION_BUFFER_RANGE,
+    parse_log_buffer, parse_reconnect_window, parse_seconds, parse_session_buffer, parse_size, show_size,
+    usage_log_problem, ConfigError, MAX_RECONNECT_WINDOW, MIN_SESSION_BUFFER, RECONNECT_RANGE, SESSION_BUFFER_RANGE,
 };
 use super::flags::Args;
 use super::keys::{edit_distance, flag_name, ACCESS_KEYS, APP_KEYS, APP_ONLY, SERVER_KEYS};
@@ -163,7 +163,7 @@ impl<'a> Cx<'a> {
             }
         }
         let apps: Vec<AppConfig> = resolved.into_iter().map(|(a, _)| a).collect();
-        let server = self.server(&apps)?;
+        let server = self.server(&apps, base)?;
         let n_min: usize = apps.iter().map(|a| a.n_min).sum();
         if n_min > server.max_workers {
             let message = format!(
@@ -178,7 +178,7 @@ impl<'a> Cx<'a> {
         Some(Config { server, apps, notes: Vec::new() })
     }
 
-    fn server(&mut self, apps: &[AppConfig]) -> Option<Server> {
+    fn server(&mut self, apps: &[AppConfig], base: &Path) -> Option<Server> {
         let a = self.args;
         let host = self.string("host", None, &a.host)?;
         let port = self.count("port", None, a.port as u64, 0, u16::MAX as u64)? as u16;
@@ -198,6 +198,8 @@ impl<'a> Cx<'a> {
         }
         let (shiny_session_buffer, shiny_buffer_total) = self.shiny_buffers();
         let trust = self.trust();
+        let usage_log = self.usage_log(base);
+        let usage_anonymize = self.boolean("usage_anonymize", None, a.usage_anonymize);
         Some(Server {
             host,
             port,
@@ -215,7 +217,42 @@ impl<'a> Cx<'a> {
             shiny_session_buffer: shiny_session_buffer?,
             shiny_buffer_total: shiny_buffer_total?,
             trust: trust?,
+            usage_log: usage_log?,
+            usage_anonymize: usage_anonymize?,
         })
+    }
+
+    /// `usage_log`: a file (relative to the config file's folder) in a folder that exists.
+    fn usage_log(&mut self, base: &Path) -> Option<Option<PathBuf>> {
+        let Some(v) = self.pick("usage_log", None) else {
+            let flag = self.args.usage_log.clone();
+            if let Some(why) = flag.as_deref().and_then(usage_log_problem) {
+                let path = flag.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
+                self.nowhere(ConfigError::UsageLog { path, why }.to_string());
+                return None;
+            }
+            return Some(flag);
+        };
+        let Some(path) = v.get_ref().as_str().filter(|p| !p.is_empty()) else {
+            self.at(v.span(), format!("usage_log = {}: must be a path, such as \"usage.jsonl\"", v.get_ref()));
+            return None;
+        };
+        let path = base.join(path);
+        if let Some(why) = usage_log_problem(&path) {
+            self.at(v.span(), format!("usage_log = {:?}: {why}", path.display().to_string()));
+            return None;
+        }
+        Some(Some(path))
+    }
+
+    /// `log_buffer`: a size, or 0 to keep no log.
+    fn log_buffer(&mut self, app: Option<&Table>) -> Option<u64> {
+        match self.pick("log_buffer", app) {
+            Some(v) if matches!(v.get_ref(), toml::Value::Integer(0)) => Some(0),
+            Some(v) if v.get_ref().as_str().is_some_and(|s| s.trim() == "0") => Some(0),
+            Some(v) => self.size("log_buffer", v),
+            None => self.flag_result(parse_log_buffer("--log-buffer", &self.args.log_buffer)),
+        }
     }
 
     /// `shiny_session_buffer` (at least 64KiB) and `shiny_buffer_total` (at
@@ -337,6 +374,7 @@ impl<'a> Cx<'a> {
         let start_timeout = self.seconds("start_timeout", t, &a.start_timeout, false);
         let reconnect_window = self.reconnect_window(t);
         let allow = self.allow(app.get_ref());
+        let log_buffer = self.log_buffer(t);
         Some(
             AppConfig {
                 name: name?,
@@ -360,6 +398,7 @@ impl<'a> Cx<'a> {
                 start_timeout: start_timeout?,
                 env: env?,
                 allow: allow?,
+                log_buffer: log_buffer?,
                 source: source?,
             }
             .fit_to_source(),

@@ -8,7 +8,8 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 use super::access::{self, Trust, DEFAULT_EMAIL_HEADER, DEFAULT_GROUPS_HEADER, DEFAULT_USER_HEADER};
 use super::discover::{self, AppSource};
 use super::error::{
-    check_buffer_total, parse_reconnect_window, parse_seconds, parse_session_buffer, parse_size, ConfigError,
+    check_buffer_total, parse_log_buffer, parse_reconnect_window, parse_seconds, parse_session_buffer, parse_size,
+    usage_log_problem, ConfigError,
 };
 use super::model::{admin_addr, transport, AppConfig, Config, Server};
 use super::site;
@@ -240,6 +241,22 @@ pub struct Args {
     #[arg(long = "auth-cache", env = "VALVE_AUTH_CACHE", default_value = "5", value_name = "SECONDS")]
     pub auth_cache: String,
 
+    /// The most bytes of each app's log valve keeps in memory: what its R processes print (stdout
+    /// and stderr, per worker) and valve's own lines about the app, served at
+    /// /__valve__/apps/NAME/logs and live on the app's dashboard page (0: none).
+    #[arg(long = "log-buffer", env = "VALVE_LOG_BUFFER", default_value = "1MiB", value_name = "SIZE")]
+    pub log_buffer: String,
+
+    /// Append each Shiny session and each app's requests per user per hour to FILE as JSON lines,
+    /// and read its tail back at start, so /__valve__/usage survives restarts.
+    #[arg(long = "usage-log", env = "VALVE_USAGE_LOG", value_name = "FILE")]
+    pub usage_log: Option<PathBuf>,
+
+    /// Keep a keyed hash of each user instead of the name in the usage list and log; the key is
+    /// kept in FILE.key (mode 0600) beside --usage-log, so a user hashes the same across restarts.
+    #[arg(long = "usage-anonymize", env = "VALVE_USAGE_ANONYMIZE")]
+    pub usage_anonymize: bool,
+
     /// Seconds a client gets to send a request's headers before it is cut off.
     #[arg(long = "header-timeout", env = "VALVE_HEADER_TIMEOUT", default_value = "30", value_name = "SECONDS")]
     pub header_timeout: String,
@@ -376,6 +393,7 @@ impl Args {
             start_timeout: parse_seconds("--start-timeout", &self.start_timeout, false)?,
             env: Vec::new(),
             allow: Default::default(),
+            log_buffer: parse_log_buffer("--log-buffer", &self.log_buffer)?,
             source,
         }
         .fit_to_source())
@@ -388,6 +406,10 @@ impl Args {
         let shiny_session_buffer = parse_session_buffer("--shiny-session-buffer", &self.shiny_session_buffer)?;
         let shiny_buffer_total = parse_size("--shiny-buffer-total", &self.shiny_buffer_total)?;
         check_buffer_total(shiny_session_buffer, shiny_buffer_total)?;
+        if let Some(why) = self.usage_log.as_deref().and_then(usage_log_problem) {
+            let path = self.usage_log.as_deref().unwrap_or(Path::new("")).display().to_string();
+            return Err(ConfigError::UsageLog { path, why });
+        }
         Ok(Server {
             host: self.host.clone(),
             port: self.port,
@@ -405,6 +427,8 @@ impl Args {
             shiny_session_buffer,
             shiny_buffer_total,
             trust: self.trust()?,
+            usage_log: self.usage_log.clone(),
+            usage_anonymize: self.usage_anonymize,
         })
     }
 

@@ -21,6 +21,7 @@ pub(super) const APP_KEYS: &[&str] = &[
     "r_bin",
     "start_timeout",
     "env",
+    "log_buffer",
 ];
 
 /// Who may use an app: in an `[[app]]` table (static ones too) and at the
@@ -54,6 +55,8 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "sign_in_url",
     "auth_url",
     "auth_cache",
+    "usage_log",
+    "usage_anonymize",
 ];
 
 /// The flag a key stands for, for messages about flag values.
@@ -73,6 +76,7 @@ pub(super) fn flag_name(key: &str) -> &'static str {
         "shiny_session_buffer" => "--shiny-session-buffer",
         "shiny_buffer_total" => "--shiny-buffer-total",
         "auth_cache" => "--auth-cache",
+        "log_buffer" => "--log-buffer",
         _ => "a setting",
     }
 }

@@ -80,6 +80,11 @@ pub struct Server {
     pub shiny_buffer_total: u64,
     /// Who is calling: trusted proxies, identity header names, the sign-in URL.
     pub trust: Trust,
+    /// Where Shiny sessions and requests per user per hour are appended
+    /// (JSON lines) and read back from at start.
+    pub usage_log: Option<PathBuf>,
+    /// Keep a keyed hash instead of each user in the usage list and log.
+    pub usage_anonymize: bool,
 }
 
 /// How valve reaches a plumber worker.
@@ -130,6 +135,9 @@ pub struct AppConfig {
     /// Who may use it (`allow_users`, `allow_groups`); applied to new
     /// requests at once on reload, without a new generation.
     pub allow: Allow,
+    /// The most bytes of the app's log (its R output and valve's lines
+    /// about it) kept in memory; 0: none. A reload applies it at once.
+    pub log_buffer: u64,
 }
 
 impl AppConfig {
@@ -145,7 +153,7 @@ impl AppConfig {
     /// Whether `other` needs a new generation of workers to serve: any
     /// difference but the allow lists, which apply to requests as they come.
     pub fn same_workers(&self, other: &AppConfig) -> bool {
-        AppConfig { allow: other.allow.clone(), ..self.clone() } == *other
+        AppConfig { allow: other.allow.clone(), log_buffer: other.log_buffer, ..self.clone() } == *other
     }
 
     /// What the app's kind allows, whatever the flags or defaults say: a

@@ -61,7 +61,7 @@ impl Launch for RLauncher {
             // A frames worker's hello is expected before the worker can say it.
             let connector: Arc<dyn Connect> = match (&self.spec.frames, engine_port) {
                 (_, Some(port)) => Arc::new(TcpConnector::new(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))),
-                (Some(hub), None) => Arc::new(hub.connector(id)),
+                (Some(hub), None) => Arc::new(hub.connector(id, self.spec.name.clone())),
                 (None, None) => Arc::new(SocketConnector::new(socket.clone())),
             };
             let process: Box<dyn Process> = match &self.forks {
@@ -79,8 +79,8 @@ impl Launch for RLauncher {
                     let (mut child, own) = self.spawner.spawn(&self.spec.r_bin, cmd).await?;
                     let pid = child.id().ok_or_else(|| io::Error::other("worker exited at once"))?;
                     let tail = Arc::new(Tail::default());
-                    output::forward(&mut child, id, tail.clone());
-                    tracing::debug!(worker = id, pid, "worker launched");
+                    output::forward(&mut child, &self.spec.sink(id, tail.clone()));
+                    tracing::debug!(app = %self.spec.name, worker = id, pid, "worker launched");
                     Box::new(Plain::new(child, own, pid, tail)?)
                 }
             };

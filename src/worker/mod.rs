@@ -37,7 +37,7 @@ mod wire;
 pub use conn::{connect, probe, Conn, Connect, SocketConnector, TcpConnector, CLIENT_ADDR, CLIENT_PORT};
 pub use frames::FrameHub;
 pub use launcher::{NoWorkers, RLauncher};
-pub use output::Tail;
+pub use output::{OutputHook, Stream, Tail, NOT_A_WORKER};
 pub use process::{
     cpu_time, private_bytes, rss_bytes, Exit, Launch, Launched, MemoryProbe, Process, RenderError, StartError, Stop,
 };

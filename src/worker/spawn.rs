@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 
 use super::conn::{Conn, Connect};
 use super::frames::FrameHub;
-use super::output::Tail;
+use super::output::{Hooks, OutputHook, Sink, Tail};
 use super::process::{pid_of, pidfd_open, signal, Exit, MemoryProbe, Process, StartError, Stop};
 use super::reap;
 use super::wire::{BoxFuture, WorkerId};
@@ -65,6 +65,10 @@ pub struct Spec {
     pub env: Vec<(String, String)>,
     /// The longest a `shiny_prerendered` document's one render may take.
     pub render_timeout: Duration,
+    /// The app's name, on every log event about its processes.
+    pub name: Arc<str>,
+    /// What hears the app's output besides valve's log (`on_output`).
+    hooks: Hooks,
     run_dir: Arc<tempfile::TempDir>,
     launcher: PathBuf,
     /// Set when plumber workers are reached over frames (else httpuv).
@@ -97,6 +101,8 @@ impl Spec {
             public_port,
             env,
             render_timeout: Duration::from_secs(120),
+            name: Arc::from(""),
+            hooks: Hooks::default(),
             run_dir,
             launcher,
             frames: None,
@@ -110,6 +116,16 @@ impl Spec {
             self.frames = Some(hub);
         }
         self
+    }
+
+    /// Every line the app's processes print goes to `hook` too.
+    pub fn on_output(&mut self, hook: Arc<dyn OutputHook>) {
+        self.hooks.push(hook);
+    }
+
+    /// Where the output of the app's process `worker` goes.
+    pub(super) fn sink(&self, worker: WorkerId, tail: Arc<Tail>) -> Sink {
+        Sink { app: self.name.clone(), worker, hooks: self.hooks.clone(), tail }
     }
 
     pub(super) fn path(&self, name: &str) -> PathBuf {
