@@ -163,7 +163,7 @@ impl Admin {
                 let table = self.router.current();
                 usage::answer(&self.registry.usage, query, |name| table.apps().iter().any(|m| m.config.name == name))
             }
-            _ => match page.strip_prefix("/apps/").map(|rest| rest.split_once('/').unwrap_or((rest, ""))) {
+            _ => match page.strip_prefix("/apps/").map(|rest| rest.split_at(rest.find('/').unwrap_or(rest.len()))) {
                 Some((name, rest)) => self.app_page(name, rest, query),
                 None => error(StatusCode::NOT_FOUND, "no such valve path; try /__valve__/ for the dashboard"),
             },

@@ -58,7 +58,9 @@ impl Admin {
     /// `/__valve__/apps`: every app's row of the site dashboard.
     pub(super) fn apps(&self) -> serde_json::Value {
         let table = self.router.current();
-        let apps: Vec<serde_json::Value> = table.apps().iter().map(|m| self.app(m, Detail::Summary).0).collect();
+        let mut mounted: Vec<&Mounted> = table.apps().iter().map(|m| &**m).collect();
+        mounted.sort_by(|a, b| a.config.name.cmp(&b.config.name));
+        let apps: Vec<serde_json::Value> = mounted.into_iter().map(|m| self.app(m, Detail::Summary).0).collect();
         let mut out = self.valve();
         merge(&mut out, serde_json::json!({ "apps": apps }));
         out

@@ -13,6 +13,7 @@ mod harness;
 mod identity;
 mod layers;
 mod lifecycle;
+mod observe;
 mod placement;
 mod preload;
 mod reconnect;
