@@ -32,12 +32,12 @@ enum Format {
 pub fn answer(name: &str, log: std::sync::Arc<AppLog>, query: Option<&str>) -> Response<ReplyBody> {
     let q = Query::parse(query);
     if let Some(refused) = q.refuse_unknown(&["format", "worker", "follow"]) {
-        return refused;
+        return refused.answer();
     }
     let format = match q.choice("format", &["text", "json"]) {
         Ok("json") => Format::Json,
         Ok(_) => Format::Text,
-        Err(refused) => return refused,
+        Err(refused) => return refused.answer(),
     };
     let worker: Option<WorkerId> = match q.get("worker") {
         None => None,
@@ -47,13 +47,13 @@ pub fn answer(name: &str, log: std::sync::Arc<AppLog>, query: Option<&str>) -> R
                 let want = format!(
                     "a worker's id, a whole number as /__valve__/apps/{name}/status lists them (0: the preload parent or a document's render)"
                 );
-                return bad("worker", w, &want);
+                return bad("worker", w, &want).answer();
             }
         },
     };
     let follow = match q.flag("follow") {
         Ok(f) => f,
-        Err(refused) => return refused,
+        Err(refused) => return refused.answer(),
     };
     if follow {
         return followed(log, worker, format);

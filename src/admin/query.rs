@@ -29,18 +29,15 @@ impl Query {
         self.0.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
 
-    /// A 400 for the first parameter not in `known`, if any.
-    pub fn refuse_unknown(&self, known: &[&str]) -> Option<Response<ReplyBody>> {
+    /// The first parameter not in `known`, if any.
+    pub fn refuse_unknown(&self, known: &[&str]) -> Option<Bad> {
         let (name, _) = self.0.iter().find(|(k, _)| !known.contains(&k.as_str()))?;
-        Some(error(
-            StatusCode::BAD_REQUEST,
-            &format!("unknown parameter {name:?}: this page takes {}", known.join(", ")),
-        ))
+        Some(Bad(format!("unknown parameter {name:?}: this page takes {}", known.join(", "))))
     }
 
     /// `follow=1`: true for `1`, `true`, `yes` (or no value), false for `0`,
     /// `false`, `no`, a 400 otherwise.
-    pub fn flag(&self, name: &str) -> Result<bool, Response<ReplyBody>> {
+    pub fn flag(&self, name: &str) -> Result<bool, Bad> {
         match self.get(name) {
             None => Ok(false),
             Some("" | "1" | "true" | "yes") => Ok(true),
@@ -50,7 +47,7 @@ impl Query {
     }
 
     /// `format=`: one of `allowed` (the first by default), a 400 otherwise.
-    pub fn choice(&self, name: &str, allowed: &[&'static str]) -> Result<&'static str, Response<ReplyBody>> {
+    pub fn choice(&self, name: &str, allowed: &[&'static str]) -> Result<&'static str, Bad> {
         match self.get(name) {
             None => Ok(allowed[0]),
             Some(v) => allowed.iter().find(|a| **a == v).copied().ok_or_else(|| bad(name, v, &allowed.join(" or "))),
@@ -58,9 +55,20 @@ impl Query {
     }
 }
 
-/// 400: `name=value` is not what this page takes; `want` says what is.
-pub fn bad(name: &str, value: &str, want: &str) -> Response<ReplyBody> {
-    error(StatusCode::BAD_REQUEST, &format!("{name}={value:?} is not valid: send {want}"))
+/// A parameter this page does not take, or a value it cannot use: a 400.
+#[derive(Debug)]
+pub struct Bad(String);
+
+impl Bad {
+    /// The 400, with its message in a short JSON body.
+    pub fn answer(&self) -> Response<ReplyBody> {
+        error(StatusCode::BAD_REQUEST, &self.0)
+    }
+}
+
+/// `name=value` is not what this page takes; `want` says what is.
+pub fn bad(name: &str, value: &str, want: &str) -> Bad {
+    Bad(format!("{name}={value:?} is not valid: send {want}"))
 }
 
 /// Percent-decoding (and `+` as a space), as forms encode a query.
@@ -100,9 +108,13 @@ mod tests {
         assert_eq!(q.flag("follow").ok(), Some(true));
         assert_eq!(q.get("x"), Some("%zz y"));
         assert!(q.refuse_unknown(&["app", "since", "follow", "x"]).is_none());
-        assert_eq!(q.refuse_unknown(&["app"]).map(|r| r.status()), Some(StatusCode::BAD_REQUEST));
+        assert_eq!(q.refuse_unknown(&["app"]).map(|b| b.answer().status()), Some(StatusCode::BAD_REQUEST));
         let q = Query::parse(Some("format=xml&follow=maybe"));
-        assert_eq!(q.choice("format", &["text", "json"]).err().map(|r| r.status()), Some(StatusCode::BAD_REQUEST));
+        assert!(q
+            .choice("format", &["text", "json"])
+            .unwrap_err()
+            .0
+            .contains("format=\"xml\" is not valid: send text or json"));
         assert!(q.flag("follow").is_err());
         assert_eq!(Query::parse(None).choice("format", &["json", "csv"]).ok(), Some("json"));
     }

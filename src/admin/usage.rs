@@ -15,11 +15,11 @@ use crate::usage::{hourly_csv, parse_since, session_csv, Usage, CSV_HEADER, SINC
 pub fn answer(usage: &Usage, query: Option<&str>, known: impl Fn(&str) -> bool) -> Response<ReplyBody> {
     let q = Query::parse(query);
     if let Some(refused) = q.refuse_unknown(&["app", "since", "format"]) {
-        return refused;
+        return refused.answer();
     }
     let format = match q.choice("format", &["json", "csv"]) {
         Ok(f) => f,
-        Err(refused) => return refused,
+        Err(refused) => return refused.answer(),
     };
     let app = q.get("app");
     if let Some(name) = app {
@@ -35,7 +35,7 @@ pub fn answer(usage: &Usage, query: Option<&str>, known: impl Fn(&str) -> bool) 
         None => None,
         Some(v) => match parse_since(v, now_ms) {
             Some(ms) => Some(ms),
-            None => return bad("since", v, SINCE_FORMS),
+            None => return bad("since", v, SINCE_FORMS).answer(),
         },
     };
     let (sessions, requests) = usage.report(app, since);

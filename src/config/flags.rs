@@ -615,4 +615,19 @@ mod tests {
         assert_eq!(args(&["--healthcheck", "http://x:1/y"]).healthcheck_url().unwrap(), "http://x:1/y");
         assert_eq!(args(&[]).healthcheck_url(), None);
     }
+
+    #[test]
+    fn log_buffer_and_usage_log_flags_are_checked() {
+        let (_d, api) = api();
+        let c = args(&["-f", &api, "--log-buffer", "64KiB", "--usage-anonymize"]).single().unwrap();
+        assert_eq!((c.apps[0].log_buffer, c.server.usage_anonymize), (64 << 10, true));
+        assert_eq!(args(&["-f", &api, "--log-buffer", "0"]).single().unwrap().apps[0].log_buffer, 0);
+        let err = args(&["-f", &api, "--log-buffer", "big"]).single().unwrap_err().to_string();
+        assert!(err.contains("--log-buffer \"big\" is not a size"), "{err}");
+        let err = args(&["-f", &api, "--usage-log", "/no/such/folder/usage.jsonl"]).single().unwrap_err().to_string();
+        assert_eq!(err, "--usage-log /no/such/folder/usage.jsonl: its folder /no/such/folder does not exist: create it, or name a file in a folder that does");
+        let dir = tempfile::tempdir().unwrap();
+        let err = args(&["-f", &api, "--usage-log", dir.path().to_str().unwrap()]).single().unwrap_err().to_string();
+        assert!(err.ends_with("is a folder: name a file in it, such as usage.jsonl"), "{err}");
+    }
 }

@@ -96,7 +96,7 @@ impl Writer {
     /// Queues one line (with its newline); never waits.
     pub fn write(&self, line: String) {
         let Some(tx) = &self.tx else { return };
-        if tx.try_send(line).is_err() && self.dropped.fetch_add(1, Relaxed) % 1000 == 0 {
+        if tx.try_send(line).is_err() && self.dropped.fetch_add(1, Relaxed).is_multiple_of(1000) {
             tracing::warn!(
                 dropped = self.dropped.load(Relaxed),
                 "the usage log's writer falls behind; usage lines dropped"

@@ -193,7 +193,7 @@ pub fn parse_time(s: &str) -> Option<u64> {
 pub fn parse_since(value: &str, now_ms: u64) -> Option<u64> {
     let v = value.trim();
     if let Ok(secs) = v.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0 && secs < 1e11).then(|| (secs * 1000.0) as u64);
+        return (0.0..1e11).contains(&secs).then_some((secs * 1000.0) as u64);
     }
     let unit = match v.chars().last()? {
         's' => Some(1_000),
