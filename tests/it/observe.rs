@@ -12,6 +12,7 @@ use futures::StreamExt;
 use serde_json::Value;
 
 use crate::harness::{client, fixture, need_browser, wait_until, Valve};
+use crate::identity::shiny_whoami_at;
 use crate::shiny::browser_dir;
 
 /// A site of four apps: two plumber APIs (the same file, so only the name
@@ -65,10 +66,10 @@ async fn json(url: &str) -> Value {
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{url}: {e}: {body}"))
 }
 
-/// The pids of an app's workers, from its own status.
-async fn pids_of(valve: &Valve, app: &str) -> Vec<u64> {
+/// One field (`id`, `pid`) of each of an app's workers, from its own status.
+async fn workers_of(valve: &Valve, app: &str, field: &str) -> Vec<u64> {
     let status = json(&valve.admin(&format!("/__valve__/apps/{app}/status"))).await;
-    status["app"]["workers"].as_array().unwrap().iter().filter_map(|w| w["pid"].as_u64()).collect()
+    status["app"]["workers"].as_array().unwrap().iter().filter_map(|w| w[field].as_u64()).collect()
 }
 
 /// A 4xx answer's status and its JSON error message.
@@ -108,12 +109,7 @@ async fn the_dashboard_lists_every_app_each_page_shows_its_own_workers_and_each_
     assert!(followed.contains("[valve INFO] worker ready worker="), "{followed}");
     let line = followed.lines().find(|l| l.contains(&format!("stderr-marker: {marker}"))).unwrap();
     let worker: u64 = line.split("[worker ").nth(1).and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
-    let api_workers: Vec<u64> = json(&valve.admin("/__valve__/apps/api/status")).await["app"]["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w["id"].as_u64().unwrap())
-        .collect();
+    let api_workers = workers_of(&valve, "api", "id").await;
     assert!(api_workers.contains(&worker), "the line names one of api's workers: {line} {api_workers:?}");
 
     // Read whole: the text, one worker's lines as JSON, never in another app's log.
@@ -197,11 +193,11 @@ async fn the_dashboard_lists_every_app_each_page_shows_its_own_workers_and_each_
     // api's page lists api's workers, and none of the other apps'.
     let mut shown: Vec<u64> = seen["pids"].as_array().unwrap().iter().map(|p| p.as_u64().unwrap()).collect();
     shown.sort();
-    let mut own = pids_of(&valve, "api").await;
+    let mut own = workers_of(&valve, "api", "pid").await;
     own.sort();
     assert_eq!(shown, own, "api's page shows api's workers");
     for other in ["api2", "whoami"] {
-        let theirs = pids_of(&valve, other).await;
+        let theirs = workers_of(&valve, other, "pid").await;
         assert!(!theirs.is_empty() && theirs.iter().all(|p| !shown.contains(p)), "{other}'s workers on api's page");
     }
     assert!(get(&logs("api", "")).await.1.contains(seen["marker"].as_str().unwrap()), "the page's line is api's");
@@ -214,37 +210,19 @@ async fn the_dashboard_lists_every_app_each_page_shows_its_own_workers_and_each_
     }
 }
 
-/// Opens the Shiny app in Chromium as `headers` say, then leaves it.
-fn shiny_visit(valve: &Valve, headers: &str) {
-    need_browser();
-    let out = Command::new("node")
-        .env("VALVE_ADMIN", valve.admin_url())
-        .args(["shiny.mjs", "whoami", &valve.get("/whoami/"), headers])
-        .current_dir(browser_dir())
-        .output()
-        .expect("node runs (install nodejs and Debian's chromium; `npm ci` in tests/browser)");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    eprintln!("[shiny.mjs whoami] {text}");
-    assert!(out.status.success(), "the Shiny visit failed in Chromium: {text}");
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_signed_in_users_shiny_session_is_in_the_usage_list_and_in_the_usage_log_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let usage_log = dir.path().join("usage.jsonl");
     let config = four_apps(dir.path(), "usage_log = \"usage.jsonl\"", 0);
     let mut valve = Valve::start(&["-c", config.to_str().unwrap(), "--no-access-log"]);
-    shiny_visit(&valve, r#"{"X-Forwarded-User":"alice"}"#);
+    // alice opens the Shiny app in Chromium, then leaves it.
+    shiny_whoami_at(&valve, &valve.get("/whoami/"), r#"{"X-Forwarded-User":"alice"}"#);
     for _ in 0..2 {
         let r = client().get(valve.get("/api/pid")).header("x-forwarded-user", "bob").send().await.unwrap();
         assert_eq!(r.status(), 200);
     }
-    let whoami_workers: Vec<u64> = json(&valve.admin("/__valve__/apps/whoami/status")).await["app"]["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w["id"].as_u64().unwrap())
-        .collect();
+    let whoami_workers = workers_of(&valve, "whoami", "id").await;
 
     // The browser left: its session is in the list with its length.
     let usage_url = valve.admin("/__valve__/usage");
