@@ -122,6 +122,10 @@ impl Apps {
         config: &Config,
         port: u16,
     ) -> Arc<Apps> {
+        // Each app's log, before anything is said about the app.
+        for app in &config.apps {
+            registry.logs.app(&app.name, app.log_buffer);
+        }
         Arc::new(Apps {
             router,
             fleet,
