@@ -23,6 +23,7 @@ pub(super) const APP_KEYS: &[&str] = &[
     "env",
     "run_as",
     "memory_limit",
+    "log_buffer",
 ];
 
 /// Who may use an app: in an `[[app]]` table (static ones too) and at the
@@ -58,6 +59,8 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "auth_cache",
     "state_dir",
     "uid_range",
+    "usage_log",
+    "usage_anonymize",
 ];
 
 /// The flag a key stands for, for messages about flag values.
@@ -78,6 +81,7 @@ pub(super) fn flag_name(key: &str) -> &'static str {
         "shiny_buffer_total" => "--shiny-buffer-total",
         "auth_cache" => "--auth-cache",
         "memory_limit" => "--memory-limit",
+        "log_buffer" => "--log-buffer",
         _ => "a setting",
     }
 }
