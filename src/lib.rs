@@ -127,6 +127,14 @@ pub async fn run(
         Transport::Frames => Some(worker::FrameHub::start().map_err(RunError::WorkerListener)?),
         Transport::Httpuv => None,
     };
+    // The warm parents workers fork from, one per R binary, started as apps ask.
+    let zygotes = match config.server.warm_parent {
+        true => Some(
+            worker::zygote::Zygotes::new(run_dir.clone(), config.server.preload_packages.clone())
+                .map_err(RunError::RunDir)?,
+        ),
+        false => None,
+    };
     let usage = usage::Settings { log: config.server.usage_log.clone(), anonymize: config.server.usage_anonymize };
     let opened = registry.usage.open(&usage).map_err(RunError::Usage)?;
     if let Some(path) = &usage.log {
@@ -138,7 +146,7 @@ pub async fn run(
     }
     let router = Arc::new(Router::default());
     let apps =
-        Apps::new(router.clone(), fleet.clone(), registry.clone(), run_dir.clone(), frames, &config, addr.port());
+        Apps::new(router.clone(), fleet.clone(), registry.clone(), run_dir.clone(), frames, zygotes, &config, addr.port());
     let reloader = Reloader::new(apps.clone(), source.clone(), config.clone());
     let admin = Admin::new(router.clone(), fleet.clone(), registry.clone(), &config, shutdown.signalled.clone());
     admin.set_reloader(reloader.clone());

@@ -34,6 +34,7 @@ use crate::config::{is_output_of_a_document, AppConfig, AppSource, Config, LoadE
 use crate::http::router::{Mounted, Router, Table};
 use crate::metrics::Registry;
 use crate::worker::sandbox::{Sandbox, Site};
+use crate::worker::zygote::Zygotes;
 use crate::worker::{FrameHub, NoWorkers, RLauncher, Spec, SpoolDir, StartError};
 
 /// Why valve could not serve.
@@ -79,6 +80,8 @@ pub struct Apps {
     run_dir: Arc<tempfile::TempDir>,
     /// valve's own worker protocol's listener (plumber apps), unless `--worker-transport httpuv`.
     frames: Option<Arc<FrameHub>>,
+    /// The warm parents apps' workers fork from (none with `warm_parent = false`).
+    zygotes: Option<Arc<Zygotes>>,
     /// Where valve listens (workers are told, for the URLs apps build).
     host: String,
     port: u16,
@@ -126,6 +129,7 @@ impl Apps {
         registry: Arc<Registry>,
         run_dir: Arc<tempfile::TempDir>,
         frames: Option<Arc<FrameHub>>,
+        zygotes: Option<Arc<Zygotes>>,
         config: &Config,
         port: u16,
     ) -> Arc<Apps> {
@@ -139,6 +143,7 @@ impl Apps {
             registry,
             run_dir,
             frames,
+            zygotes,
             host: config.server.host.clone(),
             port,
             state: Mutex::new(State {
@@ -190,7 +195,8 @@ impl Apps {
         spec.on_output(metrics.clone());
         settings.spool = Some(SpoolDir { dir: sandbox.run.clone(), owner: sandbox.owner() });
         let spec = spec.sandboxed(sandbox).map_err(sandboxed)?;
-        let launcher = RLauncher::new(spec, app.preload).map_err(RunError::RunDir)?;
+        let warm = self.zygotes.as_ref().filter(|_| !app.preload && app.source.preloadable()).map(|z| z.for_r(&app.r_bin));
+        let launcher = RLauncher::new(spec, app.preload, warm).map_err(RunError::RunDir)?;
         Ok(Supervisor::new(self.fleet.clone(), settings, Box::new(launcher), metrics))
     }
 
@@ -433,6 +439,9 @@ impl Apps {
         while set.join_next().await.is_some() {}
         self.tasks.close();
         let _ = tokio::time::timeout(Duration::from_secs(10), self.tasks.wait()).await;
+        if let Some(z) = &self.zygotes {
+            z.shutdown().await;
+        }
     }
 }
 

@@ -199,6 +199,34 @@ impl<'a> Cx<'a> {
         Some(Config { server, apps, notes: Vec::new() })
     }
 
+    /// `preload_packages`: a list of R package names (or one comma-separated string).
+    fn packages(&mut self) -> Option<Vec<String>> {
+        let Some(v) = self.pick("preload_packages", None) else {
+            let given = &self.args.preload_packages;
+            return self.flag_result(
+                super::flags::package_list(given).map_err(|why| ConfigError::Access { flag: "--preload-packages", why }),
+            );
+        };
+        let joined = match v.get_ref() {
+            toml::Value::String(s) => Some(s.clone()),
+            toml::Value::Array(items) => {
+                items.iter().map(|i| i.as_str().map(str::to_string)).collect::<Option<Vec<_>>>().map(|l| l.join(","))
+            }
+            _ => None,
+        };
+        match joined.map(|j| super::flags::package_list(&j)) {
+            Some(Ok(list)) => Some(list),
+            Some(Err(why)) => {
+                self.at(v.span(), format!("preload_packages: {why}"));
+                None
+            }
+            None => {
+                self.at(v.span(), "preload_packages must be a list of R package names, such as [\"dplyr\", \"ggplot2\"]".into());
+                None
+            }
+        }
+    }
+
     /// `uid_range`: the file's, else the flag's.
     fn uid_range(&mut self) -> Option<(u32, u32)> {
         match self.pick("uid_range", None) {
@@ -253,6 +281,8 @@ impl<'a> Cx<'a> {
         let state_dir = state_dir?;
         let usage_log = self.usage_log(base);
         let usage_anonymize = self.boolean("usage_anonymize", None, a.usage_anonymize);
+        let warm_parent = self.boolean("warm_parent", None, a.warm_parent);
+        let preload_packages = self.packages();
         Some(Server {
             host,
             port,
@@ -276,6 +306,8 @@ impl<'a> Cx<'a> {
             valve_uid: a.kernel.uid,
             usage_log: usage_log?,
             usage_anonymize: usage_anonymize?,
+            warm_parent: warm_parent?,
+            preload_packages: preload_packages?,
         })
     }
 

@@ -59,6 +59,8 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "auth_cache",
     "state_dir",
     "uid_range",
+    "warm_parent",
+    "preload_packages",
     "usage_log",
     "usage_anonymize",
 ];

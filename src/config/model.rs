@@ -116,6 +116,10 @@ pub struct Server {
     pub usage_log: Option<PathBuf>,
     /// Keep a keyed hash instead of each user in the usage list and log.
     pub usage_anonymize: bool,
+    /// Workers start as forks of one warm R parent shared by apps.
+    pub warm_parent: bool,
+    /// Packages the warm parent loads besides plumber, shiny and rmarkdown.
+    pub preload_packages: Vec<String>,
 }
 
 /// How valve reaches a plumber worker.

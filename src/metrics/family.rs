@@ -55,15 +55,20 @@ impl<const N: usize> Histogram<N> {
     }
 
     pub(super) fn render(&self, out: &mut String, name: &str, app: &str) {
+        self.render_labels(out, name, &format!("app=\"{app}\""));
+    }
+
+    /// As `render`, with `labels` (`app="a",by="b"`) on every line.
+    pub(super) fn render_labels(&self, out: &mut String, name: &str, labels: &str) {
         let (b, count, sum) = self.snapshot();
         let mut cumulative = 0;
         for (bound, n) in self.bounds.iter().zip(b) {
             cumulative += n;
-            let _ = writeln!(out, "{name}_bucket{{app=\"{app}\",le=\"{bound}\"}} {cumulative}");
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
         }
-        let _ = writeln!(out, "{name}_bucket{{app=\"{app}\",le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_sum{{app=\"{app}\"}} {}", sum as f64 / 1e6);
-        let _ = writeln!(out, "{name}_count{{app=\"{app}\"}} {count}");
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", sum as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
     }
 }
 

@@ -228,6 +228,8 @@ pub struct AppMetrics {
     pub request_duration: Histogram,
     pub queue_wait: Histogram,
     pub spawn_duration: Histogram,
+    /// Time to a worker's first answer by how it started (`STARTED_BY`).
+    started_by: [Histogram; 3],
     exits: [AtomicU64; ExitReason::ALL.len()],
     rejected: [AtomicU64; Rejection::ALL.len()],
     sessions_opened: AtomicU64,
@@ -269,7 +271,17 @@ impl crate::worker::OutputHook for AppMetrics {
     }
 }
 
+/// How a worker started, as the worker module says it and as the metric labels it.
+const STARTED_BY: [(&str, &str); 3] = [("fresh R", "fresh_r"), ("app preload", "app_preload"), ("warm parent", "warm_parent")];
+
 impl AppMetrics {
+    /// A worker of the app answered, `startup` after the decision to start it.
+    pub fn started(&self, by: &str, startup: std::time::Duration) {
+        if let Some(i) = STARTED_BY.iter().position(|(name, _)| *name == by) {
+            self.started_by[i].observe(startup);
+        }
+    }
+
     /// The app's `memory_limit` (0: none), for the metrics and the status.
     pub fn set_memory_limit(&self, bytes: Option<u64>) {
         self.memory_limit.store(bytes.unwrap_or(0), Relaxed);
@@ -296,6 +308,7 @@ impl AppMetrics {
             request_duration: Histogram::new(),
             queue_wait: Histogram::new(),
             spawn_duration: Histogram::new(),
+            started_by: std::array::from_fn(|_| Histogram::new()),
             exits: Default::default(),
             rejected: Default::default(),
             sessions_opened: AtomicU64::new(0),
@@ -497,6 +510,20 @@ impl Registry {
             header(&mut out, name, "histogram", help);
             for a in &apps {
                 get(a).render(&mut out, name, &a.name);
+            }
+        }
+        let name = "valve_worker_start_seconds";
+        header(
+            &mut out,
+            name,
+            "histogram",
+            "Time from the decision to start a worker to its first answer, by how it started (fresh_r, app_preload: a fork of the app's own loaded parent, warm_parent: a fork of the parent shared by apps).",
+        );
+        for a in &apps {
+            for (i, (_, label)) in STARTED_BY.iter().enumerate() {
+                if a.started_by[i].snapshot().1 > 0 {
+                    a.started_by[i].render_labels(&mut out, name, &format!("app=\"{}\",started_by=\"{label}\"", a.name));
+                }
             }
         }
         let per_app = |out: &mut String, name: &str, kind: &str, help: &str, value: &dyn Fn(&Gauges) -> String| {

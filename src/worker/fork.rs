@@ -93,29 +93,7 @@ impl ForkServer {
             *guard = Some(start_parent(spec, spawner).await?);
         }
         let Some(parent) = guard.as_mut() else { unreachable!("the parent was just started") };
-
-        let fifo = spec.app_run_dir().join(format!("w{id}.out"));
-        let _ = std::fs::remove_file(&fifo);
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            &fifo,
-            rustix::fs::FileType::Fifo,
-            rustix::fs::Mode::from_raw_mode(0o600),
-            0,
-        )
-        .map_err(io::Error::from)?;
-        if let Some((uid, gid)) = spec.owner() {
-            // The fork runs as the app's user: the FIFO is its to write.
-            rustix::fs::chown(&fifo, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))
-                .map_err(io::Error::from)?;
-        }
-        // Opened read-write so that it never reads end-of-file before the fork opens it.
-        let output = tokio::net::unix::pipe::OpenOptions::new().read_write(true).open_receiver(&fifo)?;
-        let tail = Arc::new(Tail::default());
-        let (pid_tx, pid_rx) = oneshot::channel();
-        let said_exit = Arc::new(StdMutex::new(None));
-        tokio::spawn(fork_output(output, spec.sink(id, tail.clone()), pid_tx, said_exit.clone()));
-
+        let (fifo, fork) = Fork::expect(spec, id, parent.gone.clone(), "app preload")?;
         // The fork's own frames token goes on the parent's private stdin ("-": none).
         let token = spec.frame_token(id).unwrap_or_else(|| "-".into());
         let line = format!("fork {id} {} {} {token}\n", socket.display(), fifo.display());
@@ -123,15 +101,7 @@ impl ForkServer {
             return Err(StartError::Io(io::Error::other(format!("cannot reach the preload parent: {e}"))));
         }
         let _ = parent.stdin.flush().await;
-        Ok(Fork {
-            parent: parent.gone.clone(),
-            pid_rx: Some(pid_rx),
-            pid: None,
-            pidfd: None,
-            tail,
-            said_exit,
-            exit: None,
-        })
+        Ok(fork)
     }
 
     /// Closes the parent's stdin (it exits on end-of-file), then makes sure.
@@ -158,9 +128,50 @@ pub(super) struct Fork {
     /// wait for its status).
     said_exit: Arc<StdMutex<Option<Exit>>>,
     exit: Option<Exit>,
+    /// Whose fork it is: "app preload" or "warm parent".
+    started_by: &'static str,
 }
 
 impl Fork {
+    /// Whether the parent it was asked of is gone.
+    pub(super) fn parent_gone(&self) -> bool {
+        self.parent.borrow().is_some()
+    }
+
+    /// A fork of `parent` to come: worker `id`'s FIFO in its app's run folder
+    /// (the app's user's: the fork writes it as that user), read from now on.
+    /// Returns the FIFO's path for the parent to be told.
+    pub(super) fn expect(
+        spec: &Spec,
+        id: WorkerId,
+        parent: watch::Receiver<Option<ParentExit>>,
+        started_by: &'static str,
+    ) -> io::Result<(PathBuf, Fork)> {
+        let fifo = spec.app_run_dir().join(format!("w{id}.out"));
+        let _ = std::fs::remove_file(&fifo);
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .map_err(io::Error::from)?;
+        if let Some((uid, gid)) = spec.owner() {
+            rustix::fs::chown(&fifo, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))
+                .map_err(io::Error::from)?;
+        }
+        // Opened read-write so that it never reads end-of-file before the fork opens it.
+        let output = tokio::net::unix::pipe::OpenOptions::new().read_write(true).open_receiver(&fifo)?;
+        let tail = Arc::new(Tail::default());
+        let (pid_tx, pid_rx) = oneshot::channel();
+        let said_exit = Arc::new(StdMutex::new(None));
+        tokio::spawn(fork_output(output, spec.sink(id, tail.clone()), pid_tx, said_exit.clone()));
+        let fork =
+            Fork { parent, pid_rx: Some(pid_rx), pid: None, pidfd: None, tail, said_exit, exit: None, started_by };
+        Ok((fifo, fork))
+    }
+
     /// Learns the fork's pid (its first line on the FIFO) unless known.
     async fn learn_pid(&mut self) -> Result<(), StartError> {
         let Some(rx) = self.pid_rx.take() else { return Ok(()) };
@@ -243,6 +254,10 @@ impl Process for Fork {
 
     fn memory(&self) -> Option<MemoryProbe> {
         self.pid.map(|pid| MemoryProbe { pid, private_only: true })
+    }
+
+    fn started_by(&self) -> &'static str {
+        self.started_by
     }
 }
 
@@ -336,9 +351,15 @@ fn crash_reported(line: &str) -> Option<i32> {
     }
 }
 
+impl ParentExit {
+    pub(super) fn new(status: String, code: Option<i32>, tail: Vec<String>) -> ParentExit {
+        ParentExit { status, code, tail }
+    }
+}
+
 /// valve's start time in clock ticks since boot (field 22 of /proc/self/stat):
 /// with the pid, it names this valve process even if the pid is reused later.
-fn own_start_time() -> Option<String> {
+pub(super) fn own_start_time() -> Option<String> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     stat.rsplit(')').next()?.split_whitespace().nth(19).map(str::to_string)
 }

@@ -1,13 +1,18 @@
-//! `RLauncher`: the real `Launch`, starting plain R processes (`spawn`) or
-//! forks of a preloaded parent (`fork`), each with its connector (frames,
-//! the worker's Unix socket, or for a `_server.yml` engine a loopback TCP
-//! port picked for it), after the one render a `shiny_prerendered` or
-//! Quarto document needs (`render`).
+//! `RLauncher`: the real `Launch`, starting plain R processes (`spawn`),
+//! forks of the app's own preloaded parent (`fork`, `--preload`) or forks of
+//! the warm parent shared by apps (`zygote`), each with its connector
+//! (frames, the worker's Unix socket, or for a `_server.yml` engine its
+//! socket or a loopback TCP port picked for it), after the one render a
+//! `shiny_prerendered` or Quarto document needs (`render`). A fork of the
+//! warm parent that finds the app needs a fresh R (or whose parent died)
+//! gives way to a plain R process under the same worker id (`WarmFork`).
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
 
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
@@ -15,10 +20,12 @@ use tokio_util::sync::CancellationToken;
 use super::conn::{Connect, EngineConnector, SocketConnector};
 use super::fork;
 use super::output::{self, Tail};
-use super::process::{Launch, Launched, Process, StartError};
+use super::process::{Exit, Launch, Launched, MemoryProbe, Process, StartError, Stop};
 use super::render;
 use super::spawn::{Plain, Spawner, Spec};
 use super::wire::{BoxFuture, WorkerId};
+use super::zygote::{Zygote, NEEDS_FRESH_R, SANDBOX_FAILED};
+use super::conn::Conn;
 use crate::config::AppSource;
 
 /// Starts real R workers: plain R processes, or forks of a preloaded parent.
@@ -26,6 +33,11 @@ pub struct RLauncher {
     spec: Arc<Spec>,
     spawner: Spawner,
     forks: Option<fork::ForkServer>,
+    /// The warm parent the app's workers fork from, when it can use one.
+    warm: Option<Arc<Zygote>>,
+    /// Why the app's workers start as fresh R after all (a fork found that
+    /// the app needs one): decided once for the generation.
+    fresh: Arc<StdMutex<Option<String>>>,
     /// The document's one render (`shiny_prerendered` only), and its outcome.
     rendered: OnceCell<Result<(), render::Failed>>,
     /// Stops a render still running when the generation shuts down.
@@ -34,15 +46,21 @@ pub struct RLauncher {
 
 impl RLauncher {
     /// Must be called inside the tokio runtime that will own the workers.
-    pub fn new(mut spec: Spec, preload: bool) -> io::Result<Self> {
+    /// `warm`: the warm parent of the app's R, if it may fork the app's
+    /// workers (not with `--preload`, which forks from the app's own parent,
+    /// and never for an engine, which loads and serves in one call).
+    pub fn new(mut spec: Spec, preload: bool, warm: Option<Arc<Zygote>>) -> io::Result<Self> {
         let preload = preload && spec.app.preloadable();
         if spec.app.prerendered() {
             spec.make_render_dir()?;
         }
+        let warm = warm.filter(|z| !preload && spec.app.preloadable() && z.r_bin() == spec.r_bin);
         Ok(RLauncher {
             spec: Arc::new(spec),
             spawner: Spawner::new()?,
             forks: preload.then(fork::ForkServer::new),
+            warm,
+            fresh: Arc::new(StdMutex::new(None)),
             rendered: OnceCell::new(),
             stop: CancellationToken::new(),
         })
@@ -69,25 +87,25 @@ impl Launch for RLauncher {
                 (Some(hub), None) => Arc::new(hub.connector(id, self.spec.name.clone())),
                 (None, None) => Arc::new(SocketConnector::new(socket.clone())),
             };
-            let process: Box<dyn Process> = match &self.forks {
-                Some(forks) => Box::new(forks.fork(&self.spec, &self.spawner, id, socket).await?),
-                None => {
-                    let mut cmd = self.spec.command("plain")?;
-                    cmd.env("VALVE_SOCKET", &socket).env("VALVE_WORKER_ID", id.to_string()).stdin(Stdio::null());
-                    if let Some(token) = self.spec.frame_token(id) {
-                        cmd.env("VALVE_FRAME_TOKEN", token);
+            let fresh = self.fresh.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+            let process: Box<dyn Process> = match (&self.forks, &self.warm) {
+                (Some(forks), _) => Box::new(forks.fork(&self.spec, &self.spawner, id, socket).await?),
+                (None, Some(warm)) if !fresh => match warm.fork(&self.spec, id, &socket).await {
+                    Ok(fork) => Box::new(WarmFork {
+                        fork,
+                        plain: None,
+                        spec: self.spec.clone(),
+                        spawner: self.spawner.clone(),
+                        id,
+                        socket,
+                        fresh: self.fresh.clone(),
+                    }),
+                    Err(unavailable) => {
+                        tracing::debug!(app = %self.spec.name, worker = id, why = %unavailable.0, "starting a fresh R");
+                        Box::new(spawn_plain(&self.spec, &self.spawner, id, &socket, engine_port).await?)
                     }
-                    if let Some(port) = engine_port {
-                        cmd.env("VALVE_ENGINE_HOST", Ipv4Addr::LOCALHOST.to_string())
-                            .env("VALVE_ENGINE_PORT", port.to_string());
-                    }
-                    let (mut child, own) = self.spawner.spawn(&self.spec.r_bin, cmd).await?;
-                    let pid = child.id().ok_or_else(|| io::Error::other("worker exited at once"))?;
-                    let tail = Arc::new(Tail::default());
-                    output::forward(&mut child, &self.spec.sink(id, tail.clone()));
-                    tracing::debug!(app = %self.spec.name, worker = id, pid, "worker launched");
-                    Box::new(Plain::new(child, own, pid, tail)?)
-                }
+                },
+                _ => Box::new(spawn_plain(&self.spec, &self.spawner, id, &socket, engine_port).await?),
             };
             Ok(Launched { process, connector })
         })
@@ -117,6 +135,135 @@ impl Launch for RLauncher {
                 let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
             }
         })
+    }
+}
+
+/// Starts worker `id` as a plain R process of the app.
+async fn spawn_plain(
+    spec: &Spec,
+    spawner: &Spawner,
+    id: WorkerId,
+    socket: &Path,
+    engine_port: Option<u16>,
+) -> Result<Plain, StartError> {
+    let mut cmd = spec.command("plain")?;
+    cmd.env("VALVE_SOCKET", socket).env("VALVE_WORKER_ID", id.to_string()).stdin(Stdio::null());
+    if let Some(token) = spec.frame_token(id) {
+        cmd.env("VALVE_FRAME_TOKEN", token);
+    }
+    if let Some(port) = engine_port {
+        cmd.env("VALVE_ENGINE_HOST", Ipv4Addr::LOCALHOST.to_string()).env("VALVE_ENGINE_PORT", port.to_string());
+    }
+    let (mut child, own) = spawner.spawn(&spec.r_bin, cmd).await?;
+    let pid = child.id().ok_or_else(|| io::Error::other("worker exited at once"))?;
+    let tail = Arc::new(Tail::default());
+    output::forward(&mut child, &spec.sink(id, tail.clone()));
+    tracing::debug!(app = %spec.name, worker = id, pid, "worker launched");
+    Ok(Plain::new(child, own, pid, tail)?)
+}
+
+/// A worker asked of the warm parent. If the fork finds the app needs a
+/// fresh R (code 6: its library paths hold other versions of what the parent
+/// loaded), cannot enter the app's sandbox (code 7), or its parent dies
+/// first, a plain R process takes its place under the same id, within the
+/// same start timeout; codes 6 and 7 hold for the rest of the generation.
+struct WarmFork {
+    fork: fork::Fork,
+    plain: Option<Plain>,
+    spec: Arc<Spec>,
+    spawner: Spawner,
+    id: WorkerId,
+    socket: PathBuf,
+    fresh: Arc<StdMutex<Option<String>>>,
+}
+
+impl WarmFork {
+    /// Why the fork gave way to a fresh R, if it did (else its error stands:
+    /// the app itself failed, as it would have in a fresh R).
+    fn gave_way(&self, e: &StartError) -> Option<(String, bool)> {
+        if self.fork.parent_gone() {
+            return Some(("the warm parent exited".into(), false));
+        }
+        let said = |marker: &str, tail: &[String]| {
+            tail.iter().rev().find_map(|l| l.split_once(marker).map(|(_, why)| why.trim().to_string()))
+        };
+        match e {
+            StartError::Exited { code: Some(NEEDS_FRESH_R), tail, .. } => {
+                Some((said("valve-fresh-r: ", tail).unwrap_or_else(|| "it needs a fresh R".into()), true))
+            }
+            StartError::Exited { code: Some(SANDBOX_FAILED), tail, .. } => Some((
+                format!(
+                    "a fork could not enter the app's sandbox: {}",
+                    said("valve-fork-failed: ", tail).unwrap_or_else(|| "no reason given".into())
+                ),
+                true,
+            )),
+            _ => None,
+        }
+    }
+}
+
+impl Process for WarmFork {
+    fn pid(&self) -> Option<u32> {
+        match &self.plain {
+            Some(p) => p.pid(),
+            None => self.fork.pid(),
+        }
+    }
+
+    fn ready<'a>(
+        &'a mut self,
+        connector: &'a dyn Connect,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Conn, StartError>> {
+        Box::pin(async move {
+            let started = tokio::time::Instant::now();
+            let error = match self.fork.ready(connector, timeout).await {
+                Ok(conn) => return Ok(conn),
+                Err(e) => e,
+            };
+            let Some((why, for_good)) = self.gave_way(&error) else { return Err(error) };
+            self.fork.signal(Stop::Kill);
+            if for_good {
+                tracing::info!(app = %self.spec.name, worker = self.id, why = %why,
+                    "the app's workers start as fresh R, not from the warm parent");
+                *self.fresh.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+            } else {
+                tracing::info!(app = %self.spec.name, worker = self.id, why = %why, "starting a fresh R instead");
+            }
+            let _ = std::fs::remove_file(&self.socket);
+            let plain = spawn_plain(&self.spec, &self.spawner, self.id, &self.socket, None).await?;
+            let plain = self.plain.insert(plain);
+            plain.ready(connector, timeout.saturating_sub(started.elapsed())).await
+        })
+    }
+
+    fn exited(&mut self) -> BoxFuture<'_, Exit> {
+        match &mut self.plain {
+            Some(p) => p.exited(),
+            None => self.fork.exited(),
+        }
+    }
+
+    fn signal(&self, stop: Stop) {
+        match &self.plain {
+            Some(p) => p.signal(stop),
+            None => self.fork.signal(stop),
+        }
+    }
+
+    fn memory(&self) -> Option<MemoryProbe> {
+        match &self.plain {
+            Some(p) => p.memory(),
+            None => self.fork.memory(),
+        }
+    }
+
+    fn started_by(&self) -> &'static str {
+        match &self.plain {
+            Some(_) => "fresh R",
+            None => "warm parent",
+        }
     }
 }
 

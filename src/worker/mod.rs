@@ -34,6 +34,7 @@ pub mod sandbox;
 mod spawn;
 pub mod watch;
 mod wire;
+pub mod zygote;
 
 pub use conn::{
     connect, probe, Conn, Connect, EngineConnector, SocketConnector, TcpConnector, CLIENT_ADDR, CLIENT_PORT,

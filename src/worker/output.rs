@@ -72,6 +72,11 @@ pub struct Sink {
 }
 
 impl Sink {
+    /// Where the lines of a process of `app` go (no output hooks).
+    pub(super) fn of(app: &str, worker: WorkerId, tail: Arc<Tail>) -> Sink {
+        Sink { app: Arc::from(app), worker, hooks: Hooks::default(), tail }
+    }
+
     pub(super) fn line(&self, pid: u32, stream: Stream, line: String) {
         tracing::info!(target: "valve::worker::output", app = %self.app, worker = self.worker, pid,
             stream = stream.as_str(), "{line}");

@@ -161,6 +161,12 @@ pub trait Process: Send {
     fn signal(&self, stop: Stop);
     /// How to read the worker's memory (off any lock: it reads /proc).
     fn memory(&self) -> Option<MemoryProbe>;
+    /// How it started, as logs, the status page and the start-time metric
+    /// say it: "fresh R", "app preload" (a fork of the app's own loaded
+    /// parent) or "warm parent" (a fork of the parent shared by apps).
+    fn started_by(&self) -> &'static str {
+        "fresh R"
+    }
 }
 
 /// Reads one worker's memory from /proc: RSS for a plain worker; for a fork,

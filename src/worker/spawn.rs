@@ -121,6 +121,46 @@ impl std::ops::DerefMut for Launchable {
 }
 
 impl Launchable {
+    /// `cmd`, started so that it dies with valve (a parent-death signal), and,
+    /// between fork and exec, entering `sandbox`.
+    pub(super) fn new(mut cmd: Command, sandbox: Option<Arc<Prepared>>) -> io::Result<Launchable> {
+        let parent = std::process::id();
+        let mut report = None;
+        let enter = match sandbox {
+            Some(prepared) => {
+                let (read, write) =
+                    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK)?;
+                report = Some((read, prepared.clone()));
+                Some((prepared, write))
+            }
+            None => None,
+        };
+        // SAFETY: only async-signal-safe calls (raw prctl, getppid, the
+        // sandbox's system calls, write and _exit) between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+                // valve may have died between fork and prctl; then nobody would kill us.
+                if rustix::process::getppid().map(Pid::as_raw_nonzero).map(|p| p.get() as u32) != Some(parent) {
+                    return Err(io::Error::other("valve exited while the worker started"));
+                }
+                if let Some((prepared, write)) = &enter {
+                    if let Err((step, error)) = prepared.enter() {
+                        let _ = rustix::io::write(write, &(step as u32).to_le_bytes());
+                        return Err(error);
+                    }
+                }
+                Ok(())
+            });
+        }
+        Ok(Launchable { cmd, report })
+    }
+
+    /// `cmd`, dying with valve, in no sandbox (valve's own helpers: the warm parent).
+    pub(super) fn dying_with_valve(cmd: Command) -> io::Result<Launchable> {
+        Launchable::new(cmd, None)
+    }
+
     /// The step that failed in the child, if one did.
     fn failed_step(&self) -> Option<String> {
         let (read, prepared) = self.report.as_ref()?;
@@ -225,65 +265,60 @@ impl Spec {
             .arg("--no-save")
             .arg(format!("--file={}", self.launcher.display()))
             .current_dir(self.app.workdir())
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .envs(self.sandbox.iter().flat_map(|(s, _)| s.env()))
-            .env("VALVE_MODE", mode)
-            .env("VALVE_APP", self.app.path())
-            .env("VALVE_APP_KIND", self.app.kind())
-            .env("VALVE_PUBLIC_HOST", &self.public_host)
-            .env("VALVE_PUBLIC_PORT", self.public_port.to_string())
-            .env("VALVE_LOOP", sandbox::lib_dir(self.run_dir.path()).join("loop.R"))
-            .env("VALVE_TRANSPORT", if self.frames.is_some() { "frames" } else { "httpuv" })
+            .envs(self.worker_env(mode))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
+        let prepared = self.sandbox.as_ref().map(|(_, p)| p.clone()).filter(|p| !p.is_empty());
+        Launchable::new(cmd, prepared)
+    }
+
+    /// What a worker's R process has in its environment besides what it
+    /// inherits from valve's: the app's own variables, its sandbox's (home,
+    /// temporary folder, user), and what the launcher reads.
+    pub(super) fn worker_env(&self, mode: &str) -> Vec<(String, std::ffi::OsString)> {
+        let mut env: Vec<(String, std::ffi::OsString)> =
+            self.env.iter().map(|(k, v)| (k.clone(), v.into())).collect();
+        if let Some((s, _)) = &self.sandbox {
+            env.extend(s.env().into_iter().map(|(k, v)| (k, v.into())));
+        }
+        let mut set = |k: &str, v: std::ffi::OsString| env.push((k.to_string(), v));
+        set("VALVE_MODE", mode.into());
+        set("VALVE_APP", self.app.path().into());
+        set("VALVE_APP_KIND", self.app.kind().into());
+        set("VALVE_PUBLIC_HOST", self.public_host.clone().into());
+        set("VALVE_PUBLIC_PORT", self.public_port.to_string().into());
+        set("VALVE_LOOP", sandbox::lib_dir(self.run_dir.path()).join("loop.R").into());
+        set("VALVE_TRANSPORT", if self.frames.is_some() { "frames" } else { "httpuv" }.into());
         if let Some(hub) = &self.frames {
-            cmd.env("VALVE_FRAME_PORT", hub.port().to_string());
+            set("VALVE_FRAME_PORT", hub.port().to_string().into());
         }
         if let Some(dir) = &self.render_dir {
-            cmd.env("VALVE_RENDER_DIR", dir);
+            set("VALVE_RENDER_DIR", dir.into());
         }
         if let AppSource::ServerYml { settings, engine, .. } = &self.app {
-            cmd.env("VALVE_ENGINE", engine).env("VALVE_SETTINGS", settings);
+            set("VALVE_ENGINE", engine.into());
+            set("VALVE_SETTINGS", settings.into());
         }
         let inherited = match self.env.iter().rev().find(|(k, _)| k == "GLIBC_TUNABLES") {
             Some((_, v)) => Some(v.clone()),
             None => std::env::var("GLIBC_TUNABLES").ok(),
         };
         if let Some(tunables) = glibc_tunables(inherited.as_deref()) {
-            cmd.env("GLIBC_TUNABLES", tunables);
+            set("GLIBC_TUNABLES", tunables.into());
         }
-        let parent = std::process::id();
-        let mut report = None;
-        let enter = match &self.sandbox {
-            Some((_, prepared)) if !prepared.is_empty() => {
-                let (read, write) =
-                    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK)?;
-                report = Some((read, prepared.clone()));
-                Some((prepared.clone(), write))
-            }
-            _ => None,
-        };
-        // SAFETY: only async-signal-safe calls (raw prctl, getppid, the
-        // sandbox's system calls, write and _exit) between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
-                // valve may have died between fork and prctl; then nobody would kill us.
-                if rustix::process::getppid().map(Pid::as_raw_nonzero).map(|p| p.get() as u32) != Some(parent) {
-                    return Err(io::Error::other("valve exited while the worker started"));
-                }
-                if let Some((prepared, write)) = &enter {
-                    if let Err((step, error)) = prepared.enter() {
-                        let _ = rustix::io::write(write, &(step as u32).to_le_bytes());
-                        return Err(error);
-                    }
-                }
-                Ok(())
-            });
-        }
-        Ok(Launchable { cmd, report })
+        env
+    }
+
+    /// Variables of valve's own environment a worker must not inherit.
+    pub(super) fn env_removed(&self) -> Vec<String> {
+        self.sandbox.as_ref().map(|(s, _)| s.env_removed()).unwrap_or_default()
+    }
+
+    /// The sandbox's steps for the C executor of a warm parent's fork.
+    pub(super) fn fork_steps(&self) -> Vec<String> {
+        self.sandbox.as_ref().map(|(_, p)| p.lines().to_vec()).unwrap_or_default()
     }
 
     /// Worker `id`'s own frames token (none for a Shiny, httpuv or engine worker).

@@ -168,6 +168,8 @@ pub(super) struct Live {
     pub(super) conns: Vec<Conn>,
     pub(super) pid: Option<u32>,
     pub(super) forked: bool,
+    /// How it started: "fresh R", "app preload" or "warm parent" (once ready).
+    pub(super) started_by: &'static str,
     /// Rung when the worker finished a request: its memory is due a sample.
     pub(super) used: Arc<Notify>,
 }

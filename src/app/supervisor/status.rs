@@ -22,6 +22,9 @@ pub struct WorkerStatus {
     pub idle_s: Option<f64>,
     pub memory_bytes: Option<u64>,
     pub forked: bool,
+    /// How it started: "fresh R", "app preload" (a fork of the app's own
+    /// loaded parent) or "warm parent" (a fork of the parent shared by apps).
+    pub started_by: &'static str,
     /// Shiny: the share of a CPU its R used (running or waiting to run) at the last sample.
     pub cpu: Option<f64>,
     /// Shiny: the signed-in users of its open sessions (one entry per session, sorted).
@@ -94,6 +97,7 @@ impl Supervisor {
                         idle_s: (slot.state == State::Idle).then(|| now.duration_since(slot.last_used).as_secs_f64()),
                         memory_bytes: slot.memory,
                         forked: live.is_some_and(|l| l.forked),
+                        started_by: live.map(|l| l.started_by).unwrap_or(""),
                         cpu: slot.cpu.map(|c| (c * 100.0).round() / 100.0),
                         users: {
                             let mut u = users.get(&id).cloned().unwrap_or_default();

@@ -70,6 +70,7 @@ impl Supervisor {
                     conns: Vec::new(),
                     pid: process.pid(),
                     forked: false,
+                    started_by: "",
                     used: used.clone(),
                 },
             );
@@ -85,9 +86,11 @@ impl Supervisor {
             Ok(conn) => {
                 let pid = process.pid();
                 let startup = now().saturating_duration_since(launched_at);
+                let started_by = process.started_by();
                 self.metrics.spawn_duration.observe(startup);
+                self.metrics.started(started_by, startup);
                 tracing::info!(app = %self.settings.name, worker = id, pid,
-                    startup_ms = startup.as_millis() as u64, "worker ready");
+                    startup_ms = startup.as_millis() as u64, started_by, "worker ready");
                 let mut after = After::default();
                 {
                     let mut f = self.fleet.lock();
@@ -95,6 +98,7 @@ impl Supervisor {
                         if let Some(live) = app.live.get_mut(&id) {
                             live.pid = pid;
                             live.forked = memory.is_some_and(|m| m.private_only);
+                            live.started_by = started_by;
                             live.conns.push(conn);
                         }
                         self.feed(app, Event::Ready(id), &mut after);

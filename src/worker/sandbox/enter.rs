@@ -34,6 +34,9 @@ pub struct Prepared {
     ids: Option<Ids>,
     /// Each step's name, by number, for the parent's error message.
     names: Vec<String>,
+    /// The same steps as lines for the C executor a warm parent's fork runs
+    /// (src/worker/zygote/enter.c).
+    lines: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -76,6 +79,7 @@ pub struct Spec<'a> {
 impl Prepared {
     pub fn new(spec: Spec<'_>) -> io::Result<Prepared> {
         let mut names = Vec::new();
+        let lines = fork_lines(&spec);
         let view = match spec.steps {
             None => None,
             Some(steps) => {
@@ -158,7 +162,12 @@ impl Prepared {
                 groups: groups.iter().map(|g| Gid::from_raw(*g)).collect(),
             }
         });
-        Ok(Prepared { view, workdir, data_limit: spec.data_limit, oom_score_adj, ids, names })
+        Ok(Prepared { view, workdir, data_limit: spec.data_limit, oom_score_adj, ids, names, lines })
+    }
+
+    /// The steps as the C executor of a warm parent's fork reads them.
+    pub fn lines(&self) -> &[String] {
+        &self.lines
     }
 
     /// The name of step `n`, for the message when it failed.
@@ -246,6 +255,45 @@ impl Prepared {
         }
         Ok(())
     }
+}
+
+/// The steps of `spec`, one line each, in `enter`'s order, as
+/// src/worker/zygote/enter.c reads them.
+fn fork_lines(spec: &Spec<'_>) -> Vec<String> {
+    let mut out = Vec::new();
+    let cover = |c: &Cover| match c {
+        Cover::Empty(p) => format!("empty {}", p.display()),
+        Cover::EmptyFile(p) => format!("null {}", p.display()),
+        Cover::Scratch(p) => format!("scratch {}", p.display()),
+        Cover::Clone(n, p) => format!("place {n} {}", p.display()),
+    };
+    if let Some(steps) = spec.steps {
+        out.push("unshare".to_string());
+        out.push("slave".to_string());
+        out.extend(steps.clones.iter().enumerate().map(|(i, p)| format!("clone {i} {}", p.display())));
+        out.extend(steps.covers.iter().map(cover));
+        for (n, p) in &steps.places {
+            out.extend(prefixes(p).iter().map(|d| format!("mkdir {}", d.display())));
+            out.push(format!("place {n} {}", p.display()));
+        }
+        out.extend(steps.inner.iter().map(cover));
+    }
+    if let Some(w) = spec.workdir {
+        out.push(format!("chdir {}", w.display()));
+    }
+    if let Some(limit) = spec.data_limit {
+        out.push(format!("data {limit}"));
+    }
+    if let Some(adj) = spec.oom_score_adj {
+        out.push(format!("oom {adj}"));
+    }
+    if let Some((uid, gid, groups)) = spec.ids {
+        out.push(format!("groups {}", groups.iter().map(u32::to_string).collect::<Vec<_>>().join(",")));
+        out.push(format!("gid {gid}"));
+        out.push(format!("uid {uid}"));
+        out.push("nonewprivs".to_string());
+    }
+    out
 }
 
 fn apply_cover(cover: &PCover, slots: &[Option<OwnedFd>; MAX_CLONES]) -> io::Result<()> {

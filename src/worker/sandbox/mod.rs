@@ -148,7 +148,7 @@ impl Sandbox {
         let groups = self.account.groups.clone();
         Ok(Arc::new(Prepared::new(enter::Spec {
             steps: steps.as_ref(),
-            workdir: steps.as_ref().map(|_| self.workdir.as_path()),
+            workdir: Some(self.workdir.as_path()),
             data_limit: self.memory_limit,
             oom_score_adj: Some(OOM_SCORE_ADJ),
             ids: self.switch.then_some((self.account.uid, self.account.gid, groups.as_slice())),

@@ -20,7 +20,11 @@
  *   gid GID                 real, effective and saved gid
  *   uid UID                 real, effective and saved uid
  *   nonewprivs              PR_SET_NO_NEW_PRIVS
+ *   stdio PATH              stdout and stderr to PATH (the fork's FIFO), stdin
+ *                           from /dev/null: nothing of the parent's pipes left
  *
+ * After `uid` the process is made dumpable again, as an exec'd worker is
+ * (changing uid made it not): its own user may read its /proc, as for any R.
  * On failure it stops at once and says which line failed and the errno.
  * Nothing here allocates or depends on R: it is plain system calls.
  */
@@ -133,7 +137,18 @@ static int step(const char *line, int *clones) {
   }
   if ((a = arg(line, "uid")) != NULL) {
     uid_t u = (uid_t)strtoul(a, NULL, 10);
-    return setresuid(u, u, u);
+    if (setresuid(u, u, u) != 0) return -1;
+    return prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+  }
+  if ((a = arg(line, "stdio")) != NULL) {
+    int out = open(a, O_WRONLY | O_CLOEXEC);
+    if (out < 0) return -1;
+    int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (in < 0) { close(out); return -1; }
+    int r = (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0) ? -1 : 0;
+    close(in);
+    close(out);
+    return r;
   }
   if ((a = arg(line, "nonewprivs")) != NULL) return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
   errno = EINVAL;

@@ -1,0 +1,293 @@
+//! The warm parent: one R process, started once and shared by apps, with
+//! the packages apps load already loaded and warmed; it never runs an app's
+//! code. A new worker of an app that can use it is a fork of it that enters
+//! the app's sandbox (`enter.c`, through R's `.C`), starts as R's own
+//! start-up would for the app and serves it (`zygote.R` runs the launcher).
+//!
+//! valve writes one JSON line per worker on the parent's stdin: the fork's
+//! FIFO, its sandbox's steps, and the file in the app's own run folder that
+//! holds its environment (the app's variables and its frames token: secrets
+//! never pass through the parent's memory, which every fork inherits). A
+//! fork that finds the app needs another R (library paths that hold other
+//! versions of what the parent loaded) exits with code 6; one that cannot
+//! enter the sandbox with code 7: the launcher then starts a fresh R.
+//!
+//! The parent's death is survived: until it is back (started again at most
+//! every `RESTART_AFTER`), workers start the old way.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+use tokio::process::{ChildStdin, Command};
+use tokio::sync::{watch, Mutex};
+
+use super::fork::{own_start_time, Fork, ParentExit};
+use super::output::{self, Sink, Tail, NOT_A_WORKER};
+use super::process::{pid_of, Exit};
+use super::spawn::{Launchable, Spawner, Spec};
+use super::wire::WorkerId;
+
+/// The warm parent's R code, and its C executor of an app's sandbox.
+const ZYGOTE: &str = include_str!("zygote.R");
+const ENTER_LIB: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/valve_enter.so"));
+
+/// The least time between two starts of a parent that died.
+const RESTART_AFTER: Duration = Duration::from_secs(5);
+
+/// A fork's exit code when the app needs a fresh R; when it could not enter its sandbox.
+pub const NEEDS_FRESH_R: i32 = 6;
+pub const SANDBOX_FAILED: i32 = 7;
+
+/// Writes the warm parent's files into valve's run directory (`lib/`).
+pub fn write_files(lib: &Path) -> io::Result<()> {
+    std::fs::write(lib.join("zygote.R"), ZYGOTE)?;
+    std::fs::set_permissions(lib.join("zygote.R"), std::fs::Permissions::from_mode(0o644))?;
+    std::fs::write(lib.join("valve_enter.so"), ENTER_LIB)?;
+    std::fs::set_permissions(lib.join("valve_enter.so"), std::fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+/// What the warm parent is made of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recipe {
+    pub r_bin: PathBuf,
+    /// Packages to load besides plumber, shiny and rmarkdown.
+    pub packages: Vec<String>,
+}
+
+/// The warm parents of one valve, one per R binary (started when first asked).
+pub struct Zygotes {
+    packages: Vec<String>,
+    run_dir: Arc<tempfile::TempDir>,
+    spawner: Spawner,
+    parents: StdMutex<BTreeMap<PathBuf, Arc<Zygote>>>,
+}
+
+impl Zygotes {
+    /// Must be called inside the runtime that will own the parents.
+    pub fn new(run_dir: Arc<tempfile::TempDir>, packages: Vec<String>) -> io::Result<Arc<Zygotes>> {
+        write_files(&super::sandbox::lib_dir(run_dir.path()))?;
+        Ok(Arc::new(Zygotes { packages, run_dir, spawner: Spawner::new()?, parents: StdMutex::new(BTreeMap::new()) }))
+    }
+
+    /// The warm parent for `r_bin`, starting it in the background if new.
+    pub fn for_r(&self, r_bin: &Path) -> Arc<Zygote> {
+        let mut parents = self.parents.lock().unwrap_or_else(|p| p.into_inner());
+        parents
+            .entry(r_bin.to_path_buf())
+            .or_insert_with(|| {
+                let z = Arc::new(Zygote {
+                    recipe: Recipe { r_bin: r_bin.to_path_buf(), packages: self.packages.clone() },
+                    run_dir: self.run_dir.clone(),
+                    spawner: self.spawner.clone(),
+                    parent: Mutex::new(None),
+                    failed_at: StdMutex::new(None),
+                });
+                let started = z.clone();
+                tokio::spawn(async move {
+                    let _ = started.parent().await;
+                });
+                z
+            })
+            .clone()
+    }
+
+    /// Stops every warm parent.
+    pub async fn shutdown(&self) {
+        let all: Vec<Arc<Zygote>> =
+            self.parents.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        for z in all {
+            z.shutdown().await;
+        }
+    }
+}
+
+/// One warm parent.
+pub struct Zygote {
+    recipe: Recipe,
+    run_dir: Arc<tempfile::TempDir>,
+    spawner: Spawner,
+    parent: Mutex<Option<Parent>>,
+    /// When it last failed to start or died: not started again before `RESTART_AFTER`.
+    failed_at: StdMutex<Option<Instant>>,
+}
+
+struct Parent {
+    pid: u32,
+    stdin: ChildStdin,
+    gone: watch::Receiver<Option<ParentExit>>,
+}
+
+/// Why a worker was not asked of the warm parent (its launcher starts a fresh R).
+#[derive(Debug)]
+pub struct Unavailable(pub String);
+
+impl Zygote {
+    pub fn r_bin(&self) -> &Path {
+        &self.recipe.r_bin
+    }
+
+    fn failed_at(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.failed_at.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The live parent, started (again) if it is not running and may be.
+    async fn parent(&self) -> Result<tokio::sync::MutexGuard<'_, Option<Parent>>, Unavailable> {
+        let mut guard = self.parent.lock().await;
+        if let Some(p) = guard.as_ref() {
+            if p.gone.borrow().is_none() {
+                return Ok(guard);
+            }
+            // It died: workers start the old way until it may start again.
+            *guard = None;
+            *self.failed_at() = Some(Instant::now());
+        }
+        if self.failed_at().is_some_and(|t| t.elapsed() < RESTART_AFTER) {
+            return Err(Unavailable("the warm parent is not running (it starts again shortly)".into()));
+        }
+        match self.start().await {
+            Ok(p) => {
+                *guard = Some(p);
+                Ok(guard)
+            }
+            Err(e) => {
+                *self.failed_at() = Some(Instant::now());
+                tracing::warn!(r_bin = %self.recipe.r_bin.display(), error = %e,
+                    "cannot start the warm parent; workers start as fresh R");
+                Err(Unavailable(format!("the warm parent could not start: {e}")))
+            }
+        }
+    }
+
+    async fn start(&self) -> Result<Parent, super::process::StartError> {
+        let lib = super::sandbox::lib_dir(self.run_dir.path());
+        // Its own empty home and working directory: it reads no user's .Renviron or .Rprofile.
+        let home = self.run_dir.path().join("zygote");
+        std::fs::create_dir_all(&home)?;
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700))?;
+        let mut cmd = Command::new(&self.recipe.r_bin);
+        cmd.arg("--no-echo")
+            .arg("--no-restore")
+            .arg("--no-save")
+            .arg(format!("--file={}", lib.join("zygote.R").display()))
+            .current_dir(&home)
+            .env("HOME", &home)
+            .env("R_ENVIRON_USER", "/dev/null")
+            .env("R_PROFILE_USER", "/dev/null")
+            .env("VALVE_MODE", "zygote")
+            .env("VALVE_LOOP", lib.join("loop.R"))
+            .env("VALVE_LAUNCHER", lib.join("launcher.R"))
+            .env("VALVE_ENTER_LIB", lib.join("valve_enter.so"))
+            .env("VALVE_PRELOAD_PACKAGES", self.recipe.packages.join(","))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(t) = super::spawn::glibc_tunables(std::env::var("GLIBC_TUNABLES").ok().as_deref()) {
+            cmd.env("GLIBC_TUNABLES", t);
+        }
+        let cmd = Launchable::dying_with_valve(cmd)?;
+        let (mut child, own) = self.spawner.spawn(&self.recipe.r_bin, cmd).await?;
+        let pid = child.id().ok_or_else(|| io::Error::other("the warm parent exited at once"))?;
+        let stdin = child.stdin.take().ok_or_else(|| io::Error::other("no stdin for the warm parent"))?;
+        let tail = Arc::new(Tail::default());
+        output::forward(&mut child, &Sink::of("warm-parent", NOT_A_WORKER, tail.clone()));
+        let (tx, gone) = watch::channel(None);
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            drop(own);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let (status, code) = match status {
+                Ok(s) => (Exit::from_status(s).describe(), s.code()),
+                Err(e) => (format!("unknown ({e})"), None),
+            };
+            tracing::warn!(pid, status, "the warm parent exited; workers start as fresh R until it is back");
+            let _ = tx.send(Some(ParentExit::new(status, code, tail.lines())));
+        });
+        tracing::info!(pid, r_bin = %self.recipe.r_bin.display(), packages = ?self.recipe.packages,
+            "warm parent started: loading and warming the packages apps load");
+        Ok(Parent { pid, stdin, gone })
+    }
+
+    /// Asks the parent to fork worker `id` of `spec`'s app.
+    pub(super) async fn fork(&self, spec: &Spec, id: WorkerId, socket: &Path) -> Result<Fork, Unavailable> {
+        let unavailable = |what: &str, e: io::Error| Unavailable(format!("{what}: {e}"));
+        let mut guard = self.parent().await?;
+        let Some(parent) = guard.as_mut() else { return Err(Unavailable("no warm parent".into())) };
+        let (fifo, fork) =
+            Fork::expect(spec, id, parent.gone.clone(), "warm parent").map_err(|e| unavailable("its FIFO", e))?;
+        let env_file = write_env(spec, id, socket).map_err(|e| unavailable("its environment file", e))?;
+        let mut steps = vec![format!("stdio {}", fifo.display())];
+        steps.extend(spec.fork_steps());
+        let job = serde_json::json!({ "fifo": fifo, "env_file": env_file, "steps": steps });
+        let line = format!("{job}\n");
+        if let Err(e) = parent.stdin.write_all(line.as_bytes()).await {
+            let _ = std::fs::remove_file(&env_file);
+            return Err(Unavailable(format!("cannot reach the warm parent: {e}")));
+        }
+        let _ = parent.stdin.flush().await;
+        Ok(fork)
+    }
+
+    /// Closes the parent's stdin (it exits on end-of-file), then makes sure.
+    pub async fn shutdown(&self) {
+        let Some(parent) = self.parent.lock().await.take() else { return };
+        let Parent { pid, stdin, mut gone } = parent;
+        drop(stdin);
+        if tokio::time::timeout(Duration::from_secs(2), gone.wait_for(Option::is_some)).await.is_err() {
+            let _ = rustix::process::kill_process_group(pid_of(pid), rustix::process::Signal::KILL);
+        }
+    }
+}
+
+/// Worker `id`'s environment, in a file of its app's run folder only its
+/// user can read (the fork reads it once inside its sandbox, then deletes it).
+fn write_env(spec: &Spec, id: WorkerId, socket: &Path) -> io::Result<PathBuf> {
+    let mut env: BTreeMap<String, String> = BTreeMap::new();
+    for (k, v) in spec.worker_env("plain") {
+        env.insert(k, v.to_string_lossy().into_owned());
+    }
+    env.insert("VALVE_SOCKET".into(), socket.display().to_string());
+    env.insert("VALVE_WORKER_ID".into(), id.to_string());
+    if let Some(token) = spec.frame_token(id) {
+        env.insert("VALVE_FRAME_TOKEN".into(), token);
+    }
+    env.insert("VALVE_PID".into(), std::process::id().to_string());
+    env.insert("VALVE_START_TIME".into(), own_start_time().unwrap_or_default());
+    // What the parent set for itself alone, as a worker started fresh would have it.
+    let mut unset: Vec<String> = spec.env_removed();
+    for key in ["R_ENVIRON_USER", "R_PROFILE_USER"] {
+        match std::env::var(key) {
+            Ok(v) => {
+                env.insert(key.into(), v);
+            }
+            Err(_) => unset.push(key.into()),
+        }
+    }
+    let text = serde_json::json!({ "env": env, "unset": unset }).to_string();
+    let path = spec.app_run_dir().join(format!("w{id}.env"));
+    let _ = std::fs::remove_file(&path);
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode_0600().open(&path)?;
+    std::io::Write::write_all(&mut file, text.as_bytes())?;
+    if let Some((uid, gid)) = spec.owner() {
+        rustix::fs::fchown(&file, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))?;
+    }
+    Ok(path)
+}
+
+trait Mode0600 {
+    fn mode_0600(&mut self) -> &mut Self;
+}
+
+impl Mode0600 for std::fs::OpenOptions {
+    fn mode_0600(&mut self) -> &mut Self {
+        std::os::unix::fs::OpenOptionsExt::mode(self, 0o600)
+    }
+}

@@ -1,0 +1,209 @@
+# valve's warm parent. valve carries this file inside its binary, writes it to
+# its run directory and starts `R --file=` on it once, shared by every app
+# that can use it. It loads the packages apps load (plumber, shiny,
+# rmarkdown and VALVE_PRELOAD_PACKAGES), warms them (the lazy loads a first
+# router or page pulls in), and never runs an app's code. For each line valve
+# writes on stdin (one JSON object: a worker to start) it forks; the fork
+# becomes that app's worker:
+#
+#   1. its output goes to the FIFO valve made for it, its pid first;
+#   2. it enters the app's sandbox (valve_enter(), the C executor valve wrote
+#      beside this file: a mount namespace and the app's view, its working
+#      directory, memory limit, groups, gid, uid, no new privileges);
+#   3. it takes the worker's environment (the app's own variables, HOME,
+#      TMPDIR...) and starts as R's own start-up would for the app: its
+#      .Renviron, its library paths, its project .Rprofile;
+#   4. it checks that nothing the parent loaded differs from what the app's
+#      library paths hold; if something does, it exits with code 6
+#      (`valve-fresh-r: WHY`) and valve starts a fresh R for the app instead;
+#   5. its own random seed and temporary folder; then it runs the launcher as
+#      a plain worker of the app (VALVE_LAUNCHER), which loads and serves it.
+#
+# Exit codes of a fork valve understands: 6 = needs a fresh R (the reason on
+# its FIFO), 7 = could not enter the app's sandbox (the step and the error).
+local({
+  started <- Sys.time()
+  quiet_load <- function(pkg) suppressPackageStartupMessages(requireNamespace(pkg, quietly = TRUE))
+  wanted <- c("jsonlite", "later", "httpuv", "plumber", "shiny", "rmarkdown", "knitr",
+              strsplit(Sys.getenv("VALVE_PRELOAD_PACKAGES"), ",", fixed = TRUE)[[1]])
+  wanted <- unique(trimws(wanted[nzchar(trimws(wanted))]))
+  loaded <- wanted[vapply(wanted, quiet_load, TRUE)]
+  if (!"jsonlite" %in% loaded) {
+    cat("valve: the warm parent needs the R package 'jsonlite'\n", file = stderr())
+    quit(save = "no", status = 3)
+  }
+  # Attached as a plain worker has them (the launcher attaches them again, at once).
+  if ("plumber" %in% loaded) suppressPackageStartupMessages(library(plumber))
+
+  # Warm up: what a first router or page pulls in lazily, done once here.
+  warm <- function() {
+    if ("plumber" %in% loaded) {
+      f <- tempfile(fileext = ".R")
+      writeLines(c("#* @get /", "#* @serializer unboxedJSON", "function(req) list(ok = TRUE)"), f)
+      router <- plumber::pr(f)
+      # plumber's request path, as valve's frames loop drives it.
+      env <- new.env()
+      sys.source(Sys.getenv("VALVE_LOOP"), envir = env, keep.source = FALSE)
+      env$valve_warm_up(router)
+      unlink(f)
+    }
+    if ("shiny" %in% loaded) {
+      ui <- shiny::fluidPage(shiny::titlePanel("warm"), shiny::sliderInput("n", "n", 1, 10, 5),
+                             shiny::textOutput("out"), shiny::plotOutput("plot"))
+      invisible(htmltools::renderTags(ui))
+      invisible(shiny::shinyApp(ui, function(input, output) NULL))
+    }
+    if ("rmarkdown" %in% loaded) invisible(rmarkdown::html_document())
+  }
+  tryCatch(warm(), error = function(e) cat("valve: warming up: ", conditionMessage(e), "\n", sep = "", file = stderr()))
+  enter_lib <- Sys.getenv("VALVE_ENTER_LIB")
+  dll <- dyn.load(enter_lib)
+  zygote_home <- Sys.getenv("HOME")
+  launcher <- Sys.getenv("VALVE_LAUNCHER")
+  cat(sprintf("valve-zygote-ready %d %.3f %s\n", Sys.getpid(), as.numeric(Sys.time() - started, units = "secs"),
+              paste(loaded, collapse = ",")))
+  flush(stdout())
+
+  # R's start-up, as it would have gone for the app's user in the app's folder.
+  split_paths <- function(v) {
+    x <- strsplit(v, ":", fixed = TRUE)[[1]]
+    x[nzchar(x)]
+  }
+  startup_libpaths <- function() {
+    user <- Sys.getenv("R_LIBS_USER")
+    if (startsWith(user, zygote_home)) {
+      user <- paste0(Sys.getenv("HOME"), substring(user, nchar(zygote_home) + 1L))
+      Sys.setenv(R_LIBS_USER = user)
+    }
+    libs <- c(split_paths(Sys.getenv("R_LIBS")), split_paths(user))
+    libs <- libs[dir.exists(libs)]
+    unique(normalizePath(c(libs, .Library.site, .Library), mustWork = FALSE))
+  }
+  # Whether a package the parent loaded would come from elsewhere, at
+  # another version, with these library paths: then this fork is no app's worker.
+  differs <- function(libs) {
+    for (ns in setdiff(loadedNamespaces(), "base")) {
+      loaded_at <- normalizePath(getNamespaceInfo(ns, "path"), mustWork = FALSE)
+      if (identical(dirname(loaded_at), normalizePath(.Library, mustWork = FALSE))) next
+      first <- find.package(ns, lib.loc = libs, quiet = TRUE)
+      if (length(first) == 0L) next
+      first <- normalizePath(first[1L], mustWork = FALSE)
+      if (identical(first, loaded_at)) next
+      version <- tryCatch(read.dcf(file.path(first, "DESCRIPTION"), "Version")[1L, 1L], error = function(e) NA)
+      if (!identical(as.character(version), as.character(getNamespaceVersion(ns)))) {
+        return(sprintf("its library has %s %s (%s); the warm parent loaded %s", ns, version, dirname(first),
+                       getNamespaceVersion(ns)))
+      }
+    }
+    NULL
+  }
+  user_file <- function(var, name) {
+    given <- Sys.getenv(var)
+    if (nzchar(given)) return(if (file.exists(given)) given else NULL)
+    if (file.exists(name)) return(name)
+    home <- file.path(Sys.getenv("HOME"), name)
+    if (file.exists(home)) home else NULL
+  }
+
+  become <- function(job) {
+    out <- file(job$fifo, open = "w+", raw = TRUE)
+    writeLines(paste("valve-fork-pid", Sys.getpid()), out)
+    flush(out)
+    sink(out)
+    sink(out, type = "message")
+    say_exit <- function(status) {
+      try({
+        writeLines(paste("valve-fork-exit", as.integer(status)), out)
+        flush(out)
+      }, silent = TRUE)
+    }
+    # R's own exit sequence can deadlock in a fork: quit() and q() end it at
+    # once, saying the code first (a fork's status goes to its parent, not valve).
+    exit_now <- function(save = "default", status = 0, runLast = TRUE) {
+      say_exit(status)
+      parallel:::mcexit(as.integer(status))
+    }
+    base <- baseenv()
+    for (name in c("quit", "q")) {
+      unlockBinding(name, base)
+      assign(name, exit_now, envir = base)
+      lockBinding(name, base)
+    }
+    steps <- as.character(unlist(job$steps))
+    entered <- .C("valve_enter", steps, length(steps), failed = -1L, errno = 0L, PACKAGE = dll[["name"]])
+    if (entered$failed >= 0L) {
+      cat("valve-fork-failed: ", steps[entered$failed + 1L], ": errno ", entered$errno, "\n", sep = "")
+      exit_now(status = 7)
+    }
+    # Its environment: the app's variables, its frames token... from a file of
+    # its own run folder (never through the parent), then gone.
+    given <- tryCatch(jsonlite::fromJSON(job$env_file, simplifyVector = FALSE), error = function(e) {
+      cat("valve-fork-failed: reading its environment ", job$env_file, ": ", conditionMessage(e), "\n", sep = "")
+      exit_now(status = 7)
+    })
+    unlink(job$env_file)
+    for (name in unlist(given$unset)) Sys.unsetenv(name)
+    if (length(given$env)) do.call(Sys.setenv, lapply(given$env, as.character))
+    # Its own temporary folder: the parent's is not in its view (R makes a
+    # new one), or is the parent's (then one of its own inside TMPDIR).
+    if (dir.exists(tempdir())) {
+      own_tmp <- tempfile("Rtmp", tmpdir = Sys.getenv("TMPDIR", "/tmp"))
+      dir.create(own_tmp, mode = "0700")
+      unlockBinding("tempdir", base)
+      assign("tempdir", function(check = FALSE) own_tmp, envir = base)
+      lockBinding("tempdir", base)
+    } else {
+      tempdir(check = TRUE)
+    }
+    renviron <- user_file("R_ENVIRON_USER", ".Renviron")
+    if (!is.null(renviron)) readRenviron(renviron)
+    # valve's own checks failing is no fault of the app: it gets a fresh R.
+    fresh_r <- function(why) {
+      cat("valve-fresh-r: ", why, "\n", sep = "")
+      exit_now(status = 6)
+    }
+    libs <- tryCatch(startup_libpaths(), error = function(e) fresh_r(paste("its library paths:", conditionMessage(e))))
+    why <- tryCatch(differs(libs), error = function(e) paste("comparing its library paths:", conditionMessage(e)))
+    if (!is.null(why)) fresh_r(why)
+    .libPaths(libs)
+    profile <- user_file("R_PROFILE_USER", ".Rprofile")
+    if (!is.null(profile)) {
+      before <- .libPaths()
+      source(profile, local = globalenv(), echo = FALSE)
+      if (!identical(before, .libPaths())) {
+        why <- tryCatch(differs(.libPaths()), error = function(e) paste("comparing its library paths:", conditionMessage(e)))
+        if (!is.null(why)) fresh_r(paste("its .Rprofile changes the library paths and", why))
+      }
+    }
+    # A fresh individual: R seeds its generator from the time and pid on next use.
+    if (exists(".Random.seed", envir = globalenv(), inherits = FALSE)) rm(".Random.seed", envir = globalenv())
+    if ("shiny" %in% loadedNamespaces()) assign("ownSeed", NULL, envir = shiny:::.globals)
+    # A fork cannot carry a parent-death signal: it checks on valve itself.
+    valve_pid <- Sys.getenv("VALVE_PID")
+    valve_start <- Sys.getenv("VALVE_START_TIME")
+    watchdog <- function() {
+      stat <- tryCatch(readLines(sprintf("/proc/%s/stat", valve_pid), warn = FALSE), error = function(e) "")
+      fields <- strsplit(sub(".*\\) ", "", stat[1]), " ", fixed = TRUE)[[1]]
+      if (!(length(fields) >= 20 && identical(fields[20], valve_start))) tools::pskill(Sys.getpid(), tools::SIGKILL)
+      later::later(watchdog, 1)
+    }
+    later::later(watchdog, 1)
+    # Now a plain worker of the app: the launcher loads and serves it.
+    Sys.setenv(VALVE_MODE = "plain")
+    source(launcher, local = new.env(parent = globalenv()))
+    quit(save = "no")
+  }
+
+  commands <- file("stdin", open = "r")
+  repeat {
+    line <- readLines(commands, n = 1)
+    if (length(line) == 0) quit(save = "no", status = 0)
+    job <- tryCatch(jsonlite::fromJSON(line, simplifyVector = FALSE), error = function(e) NULL)
+    if (is.null(job) || is.null(job$fifo)) next
+    child <- parallel:::mcfork(estranged = TRUE)
+    if (inherits(child, "masterProcess")) {
+      close(commands)
+      become(job)
+    }
+  }
+})
