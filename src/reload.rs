@@ -64,6 +64,17 @@ pub struct Plan {
     pub unchanged: Vec<String>,
 }
 
+/// What became of a new generation a reload started: it serves now, or it
+/// could not start (the previous one, if any, serves on). A deployment
+/// waits for its own.
+#[derive(Clone, Debug)]
+pub struct Promoted {
+    pub app: String,
+    /// The app's path (a published app's version folder).
+    pub path: std::path::PathBuf,
+    pub result: Result<(), String>,
+}
+
 /// Every app and its generations.
 pub struct Apps {
     router: Arc<Router>,
@@ -80,6 +91,8 @@ pub struct Apps {
     reloading: tokio::sync::Mutex<()>,
     /// Winding-down generations and starting ones.
     tasks: TaskTracker,
+    /// What became of each new generation, for whoever listens.
+    promoted: tokio::sync::broadcast::Sender<Promoted>,
 }
 
 #[derive(Default)]
@@ -136,7 +149,13 @@ impl Apps {
             }),
             reloading: tokio::sync::Mutex::new(()),
             tasks: TaskTracker::new(),
+            promoted: tokio::sync::broadcast::channel(64).0,
         })
+    }
+
+    /// Tells of every new generation from now on: serving, or failed.
+    pub fn promotions(&self) -> tokio::sync::broadcast::Receiver<Promoted> {
+        self.promoted.subscribe()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -270,6 +289,8 @@ impl Apps {
                     Ok(sup) => sup,
                     Err(e) => {
                         tracing::error!(app = %app.name, error = %e, "cannot start a new generation of the app");
+                        let path = app.source.path().to_path_buf();
+                        let _ = self.promoted.send(Promoted { app: app.name.clone(), path, result: Err(e.to_string()) });
                         continue;
                     }
                 };
@@ -333,6 +354,15 @@ impl Apps {
             return;
         }
         let Some(new) = state.starting.remove(name) else { return };
+        let told = result.as_ref().map(|_| ()).map_err(|e| {
+            let mut said = e.to_string();
+            for line in e.tail() {
+                said.push_str("\n  R: ");
+                said.push_str(&line);
+            }
+            said
+        });
+        let _ = self.promoted.send(Promoted { app: name.to_string(), path: new.config.source.path().to_path_buf(), result: told });
         match result {
             Ok(()) => {
                 new.sup.set_n_min(n_min);
@@ -414,6 +444,11 @@ pub struct Reloader {
 impl Reloader {
     pub fn new(apps: Arc<Apps>, source: Source, started: Config) -> Arc<Reloader> {
         Arc::new(Reloader { apps, source, started })
+    }
+
+    /// Where the configuration comes from (what a reload reads).
+    pub fn source(&self) -> &Source {
+        &self.source
     }
 
     /// Reloads, or says why nothing changed.

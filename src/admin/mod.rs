@@ -1,7 +1,10 @@
 //! valve's own pages under `/__valve__/`: liveness, readiness, Prometheus
 //! metrics, a JSON status and a live dashboard. Never forwarded to R, and
 //! none of them asks R anything (memory is what each worker's task sampled),
-//! so a long computation cannot fail a probe.
+//! so a long computation cannot fail a probe. Publishing (`publish/`) is a
+//! room of its own: the publishing API and valve's pages of published apps.
+
+pub mod publish;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -33,6 +36,9 @@ pub struct Admin {
     config: serde_json::Value,
     /// Reloads the configuration (`POST /__valve__/reload`).
     reloader: OnceLock<Arc<Reloader>>,
+    /// Publishing, when on: the status page and metrics say what each
+    /// published app serves.
+    publisher: OnceLock<Arc<publish::Publisher>>,
 }
 
 impl Admin {
@@ -80,7 +86,12 @@ impl Admin {
             started: Instant::now(),
             config,
             reloader: OnceLock::new(),
+            publisher: OnceLock::new(),
         })
+    }
+
+    pub fn set_publisher(&self, publisher: Arc<publish::Publisher>) {
+        let _ = self.publisher.set(publisher);
     }
 
     pub fn set_reloader(&self, reloader: Arc<Reloader>) {
@@ -132,7 +143,10 @@ impl Admin {
                 }
             }
             "/metrics" => {
-                let body = self.registry.render(&self.gauges(), self.fleet.processes(), self.fleet.max_workers());
+                let mut body = self.registry.render(&self.gauges(), self.fleet.processes(), self.fleet.max_workers());
+                if let Some(p) = self.publisher.get() {
+                    body.push_str(&p.metrics());
+                }
                 text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", body)
             }
             "/status" => text(StatusCode::OK, "application/json", self.status().to_string()),
@@ -208,6 +222,7 @@ impl Admin {
                 "saturation": g.saturation(),
                 "workers": workers,
                 "history": m.sup.metrics.history(),
+                "published": self.publisher.get().and_then(|p| p.status_of(&c.name)),
                 "settings": {
                     "max_age_s": c.max_age.as_secs_f64(),
                     "request_timeout_s": c.request_timeout.map(|d| d.as_secs_f64()),
@@ -276,6 +291,20 @@ pub fn listing(table: &Table) -> Response<ReplyBody> {
 
 fn html_escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+impl crate::http::server::Publish for publish::Publisher {
+    fn wants(&self, path: &str, admin: bool) -> bool {
+        publish::Publisher::wants(path, admin)
+    }
+
+    fn handle(
+        self: Arc<Self>,
+        req: http::Request<hyper::body::Incoming>,
+        admin: bool,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response<ReplyBody>> + Send>> {
+        Box::pin(publish::Publisher::handle(self, req, admin))
+    }
 }
 
 impl Pages for Admin {

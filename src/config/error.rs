@@ -58,6 +58,9 @@ pub enum ConfigError {
     BufferTotalBelowSession { total: String, session: String },
     #[error("{flag}: {why}")]
     Access { flag: &'static str, why: String },
+    /// Publishing's settings, keys file or published apps.
+    #[error("{0}")]
+    Published(String),
 }
 
 /// `--shiny-reconnect-window`: the longest (a day).

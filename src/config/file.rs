@@ -22,6 +22,7 @@ use super::flags::Args;
 use super::keys::{edit_distance, flag_name, ACCESS_KEYS, APP_KEYS, APP_ONLY, SERVER_KEYS};
 use super::model::{self, normal_prefix, valid_name, AppConfig, Config, Server};
 use super::problems::{line_col, Problem, Problems};
+use super::publish::{Candidate, Publishing};
 
 type Val = Spanned<toml::Value>;
 
@@ -35,6 +36,11 @@ struct Apps {
 
 /// Reads, checks and resolves a config file against the flags.
 pub fn load(path: &Path, args: &Args) -> Result<Config, Problems> {
+    load_with(path, args, None)
+}
+
+/// As `load`, with one published app at `candidate`'s version.
+pub(super) fn load_with(path: &Path, args: &Args, candidate: Option<&Candidate>) -> Result<Config, Problems> {
     let fail =
         |line, col, message: String| Problems { file: path.to_path_buf(), list: vec![Problem { line, col, message }] };
     let text = std::fs::read_to_string(path).map_err(|e| {
@@ -47,7 +53,7 @@ pub fn load(path: &Path, args: &Args) -> Result<Config, Problems> {
     };
     let top: Table = toml::from_str(&text).map_err(parse_error)?;
     let apps: Apps = toml::from_str(&text).map_err(parse_error)?;
-    let mut cx = Cx { text: &text, args, top: &top, problems: Vec::new() };
+    let mut cx = Cx { text: &text, args, top: &top, problems: Vec::new(), candidate, base: base.clone() };
     let config = cx.resolve(&apps.app, &base);
     match (config, cx.problems.is_empty()) {
         (Some(c), true) => Ok(c),
@@ -66,6 +72,10 @@ struct Cx<'a> {
     args: &'a Args,
     top: &'a Table,
     problems: Vec<Problem>,
+    /// A deployment's version to load for one published app.
+    candidate: Option<&'a Candidate>,
+    /// The config file's folder: relative paths start there.
+    base: PathBuf,
 }
 
 impl<'a> Cx<'a> {
@@ -162,8 +172,12 @@ impl<'a> Cx<'a> {
                 self.at(span.clone(), message);
             }
         }
-        let apps: Vec<AppConfig> = resolved.into_iter().map(|(a, _)| a).collect();
-        let server = self.server(&apps)?;
+        let mut apps: Vec<AppConfig> = resolved.into_iter().map(|(a, _)| a).collect();
+        let publish = self.publishing();
+        if let Some(Some(p)) = &publish {
+            self.published(p, &mut apps, base);
+        }
+        let server = self.server(&apps, publish?)?;
         let n_min: usize = apps.iter().map(|a| a.n_min).sum();
         if n_min > server.max_workers {
             let message = format!(
@@ -178,7 +192,7 @@ impl<'a> Cx<'a> {
         Some(Config { server, apps, notes: Vec::new() })
     }
 
-    fn server(&mut self, apps: &[AppConfig]) -> Option<Server> {
+    fn server(&mut self, apps: &[AppConfig], publish: Option<Publishing>) -> Option<Server> {
         let a = self.args;
         let host = self.string("host", None, &a.host)?;
         let port = self.count("port", None, a.port as u64, 0, u16::MAX as u64)? as u16;
@@ -215,6 +229,7 @@ impl<'a> Cx<'a> {
             shiny_session_buffer: shiny_session_buffer?,
             shiny_buffer_total: shiny_buffer_total?,
             trust: trust?,
+            publish,
         })
     }
 
@@ -556,6 +571,7 @@ fn valid_hostname(h: &str) -> bool {
 }
 
 mod access;
+mod publish;
 
 #[cfg(test)]
 mod tests;

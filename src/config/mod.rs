@@ -14,7 +14,8 @@
 //! `problems` (a config file's
 //! problems with line and column), `keys` (the names of its settings),
 //! `site` (`--site`), `flags` (clap), `file` (the TOML reader), `source`
-//! (where a configuration comes from, for reloads).
+//! (where a configuration comes from, for reloads), `publish` (publishing's
+//! settings, keys file and records, and the published apps as data).
 
 mod access;
 mod discover;
@@ -25,6 +26,7 @@ mod flags;
 mod keys;
 mod model;
 mod problems;
+pub mod publish;
 mod rmd;
 mod site;
 mod source;
@@ -32,7 +34,7 @@ mod source;
 pub use access::{Allow, AuthService, Cidr, Trust};
 pub use discover::{index_html, AppSource};
 pub use error::{parse_seconds, parse_size, ConfigError};
-pub use flags::Args;
+pub use flags::{Args, Command};
 pub use model::{is_admin_path, normal_prefix, valid_name, AppConfig, Config, Server, Transport, ADMIN_PREFIX};
 pub use problems::{Problem, Problems};
 pub use rmd::{is_output_of_a_document, Runtime};

@@ -1,0 +1,235 @@
+//! Publishing, as configuration: the settings (`publish_dir` turns it on,
+//! `publish_keys_file`, `publish_addr`, `publish_keep`...), the keys file
+//! (`keys`), the records valve keeps of what was published (`record`), and
+//! the published apps as data: read on every load and reload and made
+//! ordinary `AppConfig`s beside the configured ones, so the worker budget,
+//! access rules and reloads apply to them unchanged.
+
+mod keys;
+mod record;
+
+use std::path::{Path, PathBuf};
+
+pub use keys::{new_key, parse_keys, read_keys, PublishKey, PublishKeys, MIN_KEY_CHARS};
+pub use record::{app_dir, read_record, read_records, version_dir, write_record, AppRecord, VersionRecord, RECORD};
+
+use super::access::Allow;
+use super::discover::{self, AppSource};
+use super::error::ConfigError;
+use super::model::AppConfig;
+
+/// How publishing is set up (`publish_dir` given).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Publishing {
+    /// Where published apps and their versions live.
+    pub dir: PathBuf,
+    pub keys_file: PathBuf,
+    /// The keys, as the file said when the configuration was read (the
+    /// publishing API reads the file again when it changes).
+    pub keys: PublishKeys,
+    /// The publishing API on an address of its own, besides the admin listener.
+    pub addr: Option<String>,
+    /// Versions kept per app (the active one always).
+    pub keep: usize,
+    /// How a manifest's package versions must match what the app's R loads.
+    pub versions: VersionRule,
+    /// The largest bundle, compressed or unpacked, in bytes.
+    pub max_size: u64,
+    /// The most files (and folders) a bundle may hold.
+    pub max_files: u64,
+}
+
+/// How a bundle's package versions must match the ones the app's R loads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VersionRule {
+    /// The same version.
+    Exact,
+    /// The same version or a later one.
+    AtLeast,
+    /// Installed at all.
+    Any,
+}
+
+impl VersionRule {
+    pub fn parse(value: &str) -> Option<VersionRule> {
+        match value {
+            "exact" => Some(VersionRule::Exact),
+            "at-least" => Some(VersionRule::AtLeast),
+            "any" => Some(VersionRule::Any),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VersionRule::Exact => "exact",
+            VersionRule::AtLeast => "at-least",
+            VersionRule::Any => "any",
+        }
+    }
+
+    /// Whether `installed` satisfies `wanted` (R's version numbers: parts
+    /// split on `.` and `-`, compared as numbers).
+    pub fn admits(self, wanted: &str, installed: &str) -> bool {
+        let parts = |v: &str| -> Vec<u64> { v.split(['.', '-']).map(|p| p.trim().parse().unwrap_or(0)).collect() };
+        let (w, i) = (parts(wanted), parts(installed));
+        let len = w.len().max(i.len());
+        let pad = |mut v: Vec<u64>| {
+            v.resize(len, 0);
+            v
+        };
+        let (w, i) = (pad(w), pad(i));
+        match self {
+            VersionRule::Exact => w == i,
+            VersionRule::AtLeast => i >= w,
+            VersionRule::Any => true,
+        }
+    }
+}
+
+/// Which version one app takes in a load, instead of its record's active
+/// one: a deployment checks the configuration it would switch to before
+/// any record changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub app: String,
+    pub version: u32,
+}
+
+/// A published app as a load reads it.
+#[derive(Clone, Debug)]
+pub struct Published {
+    pub name: String,
+    pub version: u32,
+    pub source: AppSource,
+    pub allow: Allow,
+}
+
+/// The published apps that have an active version (or the candidate's), in
+/// name order.
+pub fn published(p: &Publishing, candidate: Option<&Candidate>) -> Result<Vec<Published>, ConfigError> {
+    let bad = |why: String| ConfigError::Published(why);
+    let mut out = Vec::new();
+    for record in read_records(&p.dir).map_err(bad)? {
+        let version = match candidate {
+            Some(c) if c.app == record.name => Some(c.version),
+            _ => record.active,
+        };
+        let Some(version) = version else { continue };
+        let folder = version_dir(&app_dir(&p.dir, &record.name), version);
+        let source = discover::resolve(&folder, "a published version").map_err(|e| {
+            bad(format!(
+                "the published app `{}` has no usable version {version} ({e}): activate another with `valve activate {} N`",
+                record.name, record.name
+            ))
+        })?;
+        out.push(Published {
+            name: record.name.clone(),
+            version,
+            source,
+            allow: Allow { users: record.allow_users.clone(), groups: record.allow_groups.clone() },
+        });
+    }
+    Ok(out)
+}
+
+/// Whether a published app's name or path (`/<name>`) is a configured app's.
+pub fn clash<'a>(name: &str, configured: &'a [AppConfig]) -> Option<&'a AppConfig> {
+    let prefix = format!("/{name}");
+    configured.iter().find(|a| a.name == name || (a.hostname.is_none() && a.prefix == prefix))
+}
+
+/// The error for a published app that clashes with a configured one.
+pub(crate) fn clash_error(p: &Publishing, name: &str, with: &AppConfig) -> ConfigError {
+    ConfigError::Published(format!(
+        "the published app `{name}` (in {}) has the name or the path of the configured app `{}` at {}: rename the configured app, or unpublish this one by removing its folder",
+        app_dir(&p.dir, name).display(),
+        with.name,
+        with.prefix
+    ))
+}
+
+/// Adds the published apps to `apps` (made by `make` from each one's
+/// source, name, prefix and allow lists). With no `max_workers` given
+/// (`budget_given` false), the budget grows by their `n_max`.
+pub(crate) fn add_published(
+    p: &Publishing,
+    candidate: Option<&Candidate>,
+    apps: &mut Vec<AppConfig>,
+    max_workers: &mut usize,
+    budget_given: bool,
+    mut make: impl FnMut(AppSource, String, String, Allow) -> Result<AppConfig, ConfigError>,
+) -> Result<(), ConfigError> {
+    let configured = apps.len();
+    for one in published(p, candidate)? {
+        if let Some(with) = clash(&one.name, &apps[..configured]) {
+            return Err(clash_error(p, &one.name, with));
+        }
+        let app = make(one.source, one.name.clone(), format!("/{}", one.name), one.allow)?;
+        if !budget_given {
+            *max_workers += app.n_max;
+        }
+        apps.push(app);
+    }
+    Ok(())
+}
+
+/// What a bundle unpacked in `dir` serves, checked against the kind its
+/// manifest names (`metadata.appmode`).
+pub fn bundle_source(dir: &Path, appmode: &str) -> Result<AppSource, String> {
+    let wanted: &[&str] = match appmode {
+        "api" => &["plumber-dir", "server-yml"],
+        "shiny" => &["shiny"],
+        "rmd-shiny" => &["shiny-rmd", "shiny-prerendered"],
+        "quarto-shiny" => &["quarto-shiny"],
+        "static" | "rmd-static" | "quarto-static" | "jupyter-static" => &["static"],
+        other => {
+            return Err(format!(
+                "the manifest's appmode {other:?} is not one valve serves: publish a plumber API (api), a Shiny app (shiny), an interactive document (rmd-shiny, quarto-shiny) or static content with an index.html (static, rmd-static, quarto-static)"
+            ))
+        }
+    };
+    let what = match appmode {
+        "api" => "a plumber API needs entrypoint.R or plumber.R at the bundle's top",
+        "shiny" => "a Shiny app needs app.R or server.R at the bundle's top",
+        "rmd-shiny" | "quarto-shiny" => "an interactive document needs `runtime: shiny` (or `server: shiny`) in its front matter",
+        _ => "static content needs an index.html at the bundle's top: render documents to HTML before publishing them",
+    };
+    let source = discover::resolve(dir, "the bundle").map_err(|e| format!("appmode {appmode:?}: {what} ({e})"))?;
+    if !wanted.contains(&source.kind()) {
+        return Err(format!("appmode {appmode:?}: {what}; the bundle holds {} instead", source.kind()));
+    }
+    Ok(source)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_rules_compare_r_versions_as_numbers() {
+        assert!(VersionRule::Exact.admits("1.2.0", "1.2"));
+        assert!(!VersionRule::Exact.admits("1.2.3", "1.2.10"));
+        assert!(VersionRule::AtLeast.admits("1.2.3", "1.2.10"), "10 is above 3, as numbers");
+        assert!(VersionRule::AtLeast.admits("1.2-3", "1.2.3"));
+        assert!(!VersionRule::AtLeast.admits("1.10.0", "1.9.9"));
+        assert!(VersionRule::Any.admits("9.9", "0.1"));
+        for rule in [VersionRule::Exact, VersionRule::AtLeast, VersionRule::Any] {
+            assert_eq!(VersionRule::parse(rule.as_str()), Some(rule));
+        }
+    }
+
+    #[test]
+    fn a_bundles_kind_must_be_the_one_its_manifest_names() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("plumber.R"), "#* @get /\nfunction() 1\n").unwrap();
+        assert_eq!(bundle_source(d.path(), "api").unwrap().kind(), "plumber-dir");
+        let e = bundle_source(d.path(), "shiny").unwrap_err();
+        assert!(e.contains("app.R or server.R") && e.contains("plumber-dir instead"), "{e}");
+        let e = bundle_source(d.path(), "python-api").unwrap_err();
+        assert!(e.contains("\"python-api\" is not one valve serves"), "{e}");
+        let empty = tempfile::tempdir().unwrap();
+        let e = bundle_source(empty.path(), "static").unwrap_err();
+        assert!(e.contains("needs an index.html"), "{e}");
+    }
+}
