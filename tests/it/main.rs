@@ -15,6 +15,7 @@ mod layers;
 mod lifecycle;
 mod placement;
 mod preload;
+mod publish;
 mod reconnect;
 mod reliability;
 mod rmarkdown;

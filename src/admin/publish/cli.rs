@@ -30,7 +30,7 @@ pub async fn versions(admin: &str, app: &str) -> Result<String, String> {
         out.push_str(&format!(
             "{} {:<8} {:<21} {:<13} {:<18} {:<21} {}\n",
             if x["active"] == true { "*" } else { " " },
-            x["version"],
+            x["version"].to_string(),
             s("uploaded"),
             s("uploaded_by"),
             s("kind"),
