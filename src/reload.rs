@@ -290,7 +290,8 @@ impl Apps {
                     Err(e) => {
                         tracing::error!(app = %app.name, error = %e, "cannot start a new generation of the app");
                         let path = app.source.path().to_path_buf();
-                        let _ = self.promoted.send(Promoted { app: app.name.clone(), path, result: Err(e.to_string()) });
+                        let _ =
+                            self.promoted.send(Promoted { app: app.name.clone(), path, result: Err(e.to_string()) });
                         continue;
                     }
                 };
@@ -358,11 +359,15 @@ impl Apps {
             let mut said = e.to_string();
             for line in e.tail() {
                 said.push_str("\n  R: ");
-                said.push_str(&line);
+                said.push_str(line);
             }
             said
         });
-        let _ = self.promoted.send(Promoted { app: name.to_string(), path: new.config.source.path().to_path_buf(), result: told });
+        let _ = self.promoted.send(Promoted {
+            app: name.to_string(),
+            path: new.config.source.path().to_path_buf(),
+            result: told,
+        });
         match result {
             Ok(()) => {
                 new.sup.set_n_min(n_min);

@@ -418,11 +418,18 @@ impl Args {
     fn with_published(&self, mut config: Config, candidate: Option<&Candidate>) -> Result<Config, ConfigError> {
         let Some(p) = config.server.publish.clone() else { return Ok(config) };
         let mut max = config.server.max_workers;
-        publish::add_published(&p, candidate, &mut config.apps, &mut max, self.max_workers.is_some(), |source, name, prefix, allow| {
-            let mut app = self.app(name, prefix, source, self.preload)?;
-            app.allow = allow;
-            Ok(app)
-        })?;
+        publish::add_published(
+            &p,
+            candidate,
+            &mut config.apps,
+            &mut max,
+            self.max_workers.is_some(),
+            |source, name, prefix, allow| {
+                let mut app = self.app(name, prefix, source, self.preload)?;
+                app.allow = allow;
+                Ok(app)
+            },
+        )?;
         config.server.max_workers = max;
         let n_min: usize = config.apps.iter().map(|a| a.n_min).sum();
         if n_min > max {
@@ -603,8 +610,7 @@ pub(super) fn publishing(
     std::fs::create_dir_all(dir).map_err(|e| {
         bad(format!("publish_dir {}: cannot create it: {e} (valve's user must be able to write there)", dir.display()))
     })?;
-    let dir = std::fs::canonicalize(dir)
-        .map_err(|e| bad(format!("publish_dir {}: {e}", dir.display())))?;
+    let dir = std::fs::canonicalize(dir).map_err(|e| bad(format!("publish_dir {}: {e}", dir.display())))?;
     let keys = publish::read_keys(keys_file).map_err(bad)?;
     if keys.is_empty() {
         return Err(bad(format!(
@@ -615,7 +621,6 @@ pub(super) fn publishing(
     Ok(Some(Publishing {
         dir,
         keys_file: keys_file.to_path_buf(),
-        keys,
         addr: addr.and_then(|a| admin_addr(&a)),
         keep,
         versions,

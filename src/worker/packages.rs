@@ -50,7 +50,8 @@ async fn ask(spec: &Spec, list: &std::path::Path, timeout: Duration) -> Result<I
         }
     };
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let tail: Vec<String> = String::from_utf8_lossy(&output.stderr).lines().rev().take(20).map(str::to_string).collect();
+    let tail: Vec<String> =
+        String::from_utf8_lossy(&output.stderr).lines().rev().take(20).map(str::to_string).collect();
     let exit = Exit::from_status(output.status);
     if exit != Exit::Code(0) {
         let code = match exit {
@@ -87,7 +88,8 @@ mod tests {
 
     #[test]
     fn the_launchers_lines_are_read_and_the_rest_ignored() {
-        let got = parse("renv: project loaded\nvalve-r 4.2.2 /a:/b\nvalve-package plumber 1.2.1\nvalve-package nope -\n");
+        let got =
+            parse("renv: project loaded\nvalve-r 4.2.2 /a:/b\nvalve-package plumber 1.2.1\nvalve-package nope -\n");
         assert_eq!(got.r_version, "4.2.2");
         assert_eq!(got.lib_paths, "/a:/b");
         assert_eq!(got.packages, vec![("plumber".into(), Some("1.2.1".into())), ("nope".into(), None)]);

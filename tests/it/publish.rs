@@ -34,7 +34,14 @@ fn folder(parent: &Path, name: &str, file: &str, text: &str) -> PathBuf {
 /// `rsconnect::deployApp()` of `app_dir` as `name`, from an R with a
 /// private home and config folder (and `r_libs` on its library path):
 /// (whether it succeeded, what it printed).
-fn deploy_app(home: &Path, admin: &str, key: &str, app_dir: &Path, name: &str, r_libs: Option<&Path>) -> (bool, String) {
+fn deploy_app(
+    home: &Path,
+    admin: &str,
+    key: &str,
+    app_dir: &Path,
+    name: &str,
+    r_libs: Option<&Path>,
+) -> (bool, String) {
     let script = home.join("deploy.R");
     std::fs::write(
         &script,
@@ -61,7 +68,10 @@ cat("valve-test-deployed:", ok, "\n")
     }
     let out = cmd.output().expect("Rscript runs");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    eprintln!("[rsconnect {name}] {}", text.lines().filter(|l| !l.contains("repository")).collect::<Vec<_>>().join("\n[rsconnect] "));
+    eprintln!(
+        "[rsconnect {name}] {}",
+        text.lines().filter(|l| !l.contains("repository")).collect::<Vec<_>>().join("\n[rsconnect] ")
+    );
     (text.contains("valve-test-deployed: TRUE"), text)
 }
 
@@ -227,9 +237,16 @@ async fn rsconnect_publishes_redeploys_without_a_failed_request_refuses_and_roll
     std::fs::write(pkg.join("NAMESPACE"), "export(hello)\n").unwrap();
     folder(&pkg, "R", "hello.R", "hello <- function() 1\n");
     std::fs::create_dir_all(&lib).unwrap();
-    let built = Command::new("R").args(["CMD", "INSTALL", "-l", lib.to_str().unwrap(), pkg.to_str().unwrap()]).output().unwrap();
+    let built = Command::new("R")
+        .args(["CMD", "INSTALL", "-l", lib.to_str().unwrap(), pkg.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
-    std::fs::write(api.join("plumber.R"), API_V1.replace("list(version = 1)", "list(version = valvenothere::hello() + 2)")).unwrap();
+    std::fs::write(
+        api.join("plumber.R"),
+        API_V1.replace("list(version = 1)", "list(version = valvenothere::hello() + 2)"),
+    )
+    .unwrap();
     let (ok, said) = deploy_app(&home, &admin, &key, &api, "api", Some(&lib));
     assert!(!ok, "{said}");
     assert!(said.contains("deployment failed with error") && said.contains("valvenothere (not installed"), "{said}");
@@ -295,7 +312,10 @@ async fn rsconnect_publishes_redeploys_without_a_failed_request_refuses_and_roll
     // Status and metrics say what each published app serves, and by which key.
     let status = valve.status();
     let app = status["apps"].as_array().unwrap().iter().find(|a| a["name"] == "api").unwrap().clone();
-    assert_eq!((app["published"]["version"].as_u64(), app["published"]["activated_by"].as_str()), (Some(1), Some("admin")));
+    assert_eq!(
+        (app["published"]["version"].as_u64(), app["published"]["activated_by"].as_str()),
+        (Some(1), Some("admin"))
+    );
     let metrics = get(&valve.admin("/__valve__/metrics")).await.1;
     assert!(metrics.contains("valve_published_info{app=\"hello-shiny\",version=\"1\",key=\"ci\"} 1"), "{metrics}");
     assert!(metrics.contains("valve_publish_deployments_total{app=\"api\",result=\"failed\"} 1"), "{metrics}");
@@ -340,7 +360,9 @@ async fn the_v1_calls_publish_static_content_with_no_r_roll_back_and_set_who_may
     let api = format!("http://{publish_addr}/__api__");
     assert_eq!(get(&format!("http://{publish_addr}/__valve__/status")).await.0, 404);
     let auth = format!("Key {key}");
-    let call = |method: reqwest::Method, path: &str| client().request(method, format!("{api}{path}")).header("Authorization", &auth);
+    let call = |method: reqwest::Method, path: &str| {
+        client().request(method, format!("{api}{path}")).header("Authorization", &auth)
+    };
 
     let user: serde_json::Value = call(reqwest::Method::GET, "/v1/user").send().await.unwrap().json().await.unwrap();
     assert_eq!(user["username"], "laptop");

@@ -12,8 +12,10 @@ use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::{json as j, Value};
 
+use super::deploy;
+use super::publisher::Publisher;
 use super::store::{self, rfc3339, Fail};
-use super::{deploy, failed, json, json_body, save_body, Publisher};
+use super::wire::{failed, json, json_body, lists, save_body};
 use crate::config::publish::AppRecord;
 use crate::http::reply::ReplyBody;
 
@@ -26,7 +28,12 @@ enum Shape {
     V1,
 }
 
-pub(super) async fn handle(p: &Arc<Publisher>, req: Request<Incoming>, key: &str, account: usize) -> Response<ReplyBody> {
+pub(super) async fn handle(
+    p: &Arc<Publisher>,
+    req: Request<Incoming>,
+    key: &str,
+    account: usize,
+) -> Response<ReplyBody> {
     let path = req.uri().path().trim_start_matches("/__api__").trim_matches('/').to_string();
     let query = req.uri().query().unwrap_or("").to_string();
     let method = req.method().clone();
@@ -54,7 +61,9 @@ pub(super) async fn handle(p: &Arc<Publisher>, req: Request<Incoming>, key: &str
         (&Method::GET, ["v1", "tasks", id]) => task(p, id, &query, V1).await,
         _ => Err(Fail::new(
             StatusCode::NOT_FOUND,
-            format!("no publishing call {method} /__api__/{path}: see docs/src/publishing.md for the calls valve answers"),
+            format!(
+                "no publishing call {method} /__api__/{path}: see docs/src/publishing.md for the calls valve answers"
+            ),
         )),
     };
     result.unwrap_or_else(failed)
@@ -167,7 +176,8 @@ fn list(p: &Publisher, query: &str, shape: Shape) -> Result<Response<ReplyBody>,
         let list: Vec<Value> = records.iter().map(|r| app_json(p, r, shape)).collect();
         return Ok(json(StatusCode::OK, Value::Array(list)));
     }
-    let number = |k: &str, default: usize| q.iter().find(|(n, _)| n == k).and_then(|(_, v)| v.parse().ok()).unwrap_or(default);
+    let number =
+        |k: &str, default: usize| q.iter().find(|(n, _)| n == k).and_then(|(_, v)| v.parse().ok()).unwrap_or(default);
     let (offset, count) = (number("offset", 0), number("count", 100).clamp(1, 1000));
     let page: Vec<Value> = records.iter().skip(offset).take(count).map(|r| app_json(p, r, shape)).collect();
     Ok(json(StatusCode::OK, j!({ "applications": page, "count": page.len(), "total": records.len() })))
@@ -175,7 +185,12 @@ fn list(p: &Publisher, query: &str, shape: Shape) -> Result<Response<ReplyBody>,
 
 /// `POST /applications` and `POST /v1/content`: `{name, title}` (and
 /// valve's own `allow_users`, `allow_groups`).
-async fn create(p: &Arc<Publisher>, req: Request<Incoming>, key: &str, shape: Shape) -> Result<Response<ReplyBody>, Fail> {
+async fn create(
+    p: &Arc<Publisher>,
+    req: Request<Incoming>,
+    key: &str,
+    shape: Shape,
+) -> Result<Response<ReplyBody>, Fail> {
     let body = json_body(req).await?;
     let name = body["name"].as_str().unwrap_or("").to_string();
     let title = body["title"].as_str().unwrap_or("").to_string();
@@ -199,24 +214,6 @@ async fn create(p: &Arc<Publisher>, req: Request<Incoming>, key: &str, shape: Sh
     Ok(json(status, app_json(p, &record, shape)))
 }
 
-/// valve's `allow_users` and `allow_groups` in a body: lists of names, or
-/// null (that list unset); absent: `None`.
-fn lists(body: &Value) -> Result<(Option<Vec<String>>, Option<Vec<String>>), Fail> {
-    let list = |key: &str| -> Result<Option<Vec<String>>, Fail> {
-        match &body[key] {
-            Value::Null => Ok(None),
-            Value::Array(items) => items
-                .iter()
-                .map(|i| i.as_str().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()))
-                .collect::<Option<Vec<String>>>()
-                .map(Some)
-                .ok_or_else(|| Fail::new(StatusCode::BAD_REQUEST, format!("{key} must be a list of names"))),
-            _ => Err(Fail::new(StatusCode::BAD_REQUEST, format!("{key} must be a list of names, such as [\"alice\"]"))),
-        }
-    };
-    Ok((list("allow_users")?, list("allow_groups")?))
-}
-
 /// `PATCH /v1/content/{guid}` with `allow_users` and `allow_groups`:
 /// who may use the app, from the next request on (a reload, no new workers).
 async fn access(p: &Arc<Publisher>, req: Request<Incoming>, id: &str) -> Result<Response<ReplyBody>, Fail> {
@@ -224,10 +221,12 @@ async fn access(p: &Arc<Publisher>, req: Request<Incoming>, id: &str) -> Result<
     let body = json_body(req).await?;
     let (users, groups) = lists(&body)?;
     let record = p.locked(|s| store::set_access(s, &record.name, users, groups))?;
-    p.reloader
-        .reload()
-        .await
-        .map_err(|e| Fail::new(StatusCode::CONFLICT, format!("saved, but the configuration has problems, so it applies at the next reload: {e}")))?;
+    p.reloader.reload().await.map_err(|e| {
+        Fail::new(
+            StatusCode::CONFLICT,
+            format!("saved, but the configuration has problems, so it applies at the next reload: {e}"),
+        )
+    })?;
     Ok(json(StatusCode::OK, app_json(p, &record, Shape::V1)))
 }
 
@@ -283,7 +282,8 @@ async fn upload(
         .into_temp_path();
     let size = save_body(req, &tmp, p.settings.max_size).await?;
     let n = p.locked(|s| store::next_version(s, &record.name))?;
-    let (settings, name, key_name, path) = (p.settings.clone(), record.name.clone(), key.to_string(), tmp.to_path_buf());
+    let (settings, name, key_name, path) =
+        (p.settings.clone(), record.name.clone(), key.to_string(), tmp.to_path_buf());
     let unpacked = tokio::task::spawn_blocking(move || store::unpack_version(&settings, &name, n, &path, &key_name))
         .await
         .map_err(|e| Fail::new(StatusCode::INTERNAL_SERVER_ERROR, format!("the unpacking stopped: {e}")))?;
@@ -328,7 +328,11 @@ async fn start_deploy(
     if record.version(version).is_none() {
         return Err(Fail::new(
             StatusCode::NOT_FOUND,
-            format!("{} has no bundle {version} (kept: {:?})", record.name, record.versions.iter().map(|v| v.version).collect::<Vec<_>>()),
+            format!(
+                "{} has no bundle {version} (kept: {:?})",
+                record.name,
+                record.versions.iter().map(|v| v.version).collect::<Vec<_>>()
+            ),
         ));
     }
     let task = p.tasks.start();
@@ -340,7 +344,10 @@ async fn start_deploy(
 /// `GET /tasks/{id}?first_status=N` and `GET /v1/tasks/{id}?first=N&wait=S`.
 async fn task(p: &Publisher, id: &str, query: &str, shape: Shape) -> Result<Response<ReplyBody>, Fail> {
     let task = id.parse().ok().and_then(|n| p.tasks.get(n)).ok_or_else(|| {
-        Fail::new(StatusCode::NOT_FOUND, format!("no task {id:?} (valve keeps the last {} tasks)", super::tasks::MAX_TASKS))
+        Fail::new(
+            StatusCode::NOT_FOUND,
+            format!("no task {id:?} (valve keeps the last {} tasks)", super::tasks::MAX_TASKS),
+        )
     })?;
     let q = pairs(query);
     let get = |k: &str| q.iter().find(|(n, _)| n == k).and_then(|(_, v)| v.parse::<f64>().ok());

@@ -44,7 +44,8 @@ pub async fn versions(admin: &str, app: &str) -> Result<String, String> {
 /// `valve activate APP N`: the deployment's log, then what it did.
 pub async fn activate(admin: &str, app: &str, version: u32) -> Result<String, String> {
     let body = serde_json::json!({ "version": version });
-    let (status, v) = call_raw(admin, http::Method::POST, &format!("/__valve__/apps/{app}/activate"), Some(body)).await?;
+    let (status, v) =
+        call_raw(admin, http::Method::POST, &format!("/__valve__/apps/{app}/activate"), Some(body)).await?;
     let log: Vec<String> =
         v["log"].as_array().into_iter().flatten().filter_map(|l| l.as_str()).map(|l| format!("  {l}\n")).collect();
     if status == 200 && v["activated"] == true {
@@ -92,9 +93,9 @@ async fn call_raw(admin: &str, method: http::Method, path: &str, body: Option<Va
 }
 
 async fn ask(admin: &str, method: http::Method, path: &str, body: Option<Value>) -> Result<(u16, Value), String> {
-    let uri: http::Uri = admin
-        .parse()
-        .map_err(|e| format!("{admin:?} is not a URL ({e}): pass valve's admin address, such as http://127.0.0.1:9090"))?;
+    let uri: http::Uri = admin.parse().map_err(|e| {
+        format!("{admin:?} is not a URL ({e}): pass valve's admin address, such as http://127.0.0.1:9090")
+    })?;
     if uri.scheme_str() != Some("http") {
         return Err(format!("{admin:?}: valve's admin address is plain http://"));
     }
@@ -117,7 +118,8 @@ async fn ask(admin: &str, method: http::Method, path: &str, body: Option<Value>)
     let resp = sender.send_request(req).await.map_err(|e| format!("{admin}: {e}"))?;
     let status = resp.status().as_u16();
     let body = resp.into_body().collect().await.map_err(|e| format!("{admin}: {e}"))?.to_bytes();
-    let value = serde_json::from_slice(&body).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+    let value =
+        serde_json::from_slice(&body).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
     if status == 404 && value["error"].as_str().is_some_and(|e| e.contains("no such valve path")) {
         return Err("this valve does not publish: start it with --publish-dir and --publish-keys-file".into());
     }

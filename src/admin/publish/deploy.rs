@@ -11,9 +11,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::publisher::Publisher;
 use super::store::{self, Fail};
 use super::tasks::Task;
-use super::Publisher;
 use crate::config::publish::{Candidate, VersionRule};
 use crate::config::AppConfig;
 use crate::worker::{packages, Spec};
@@ -55,7 +55,13 @@ pub async fn run(publisher: Arc<Publisher>, task: Arc<Task>, name: String, versi
     task.finish(result);
 }
 
-async fn deploy(publisher: &Arc<Publisher>, task: &Task, name: &str, version: u32, key: &str) -> Result<String, String> {
+async fn deploy(
+    publisher: &Arc<Publisher>,
+    task: &Task,
+    name: &str,
+    version: u32,
+    key: &str,
+) -> Result<String, String> {
     let p = &publisher.settings;
     let record = publisher.locked(|p| store::by_name(p, name)).map_err(|f| f.message)?;
     let Some(v) = record.version(version).cloned() else {
@@ -72,7 +78,8 @@ async fn deploy(publisher: &Arc<Publisher>, task: &Task, name: &str, version: u3
     let loaded = tokio::task::spawn_blocking(move || source.load_with(Some(&candidate)))
         .await
         .map_err(|e| format!("the configuration could not be read: {e}"))?;
-    let config = loaded.map_err(|e| format!("the configuration with this version has problems, nothing changed: {e}"))?;
+    let config =
+        loaded.map_err(|e| format!("the configuration with this version has problems, nothing changed: {e}"))?;
     let app = config
         .apps
         .iter()
@@ -210,12 +217,12 @@ mod tests {
         ];
         assert_eq!(
             package_problems(&wanted, &found, VersionRule::Exact),
-            [
-                "jsonlite (the bundle has 1.8.4, the app's R has 1.8.9)",
-                "nothere (not installed; the bundle has 0.1)"
-            ]
+            ["jsonlite (the bundle has 1.8.4, the app's R has 1.8.9)", "nothere (not installed; the bundle has 0.1)"]
         );
-        assert_eq!(package_problems(&wanted, &found, VersionRule::AtLeast), ["nothere (not installed; the bundle has 0.1)"]);
+        assert_eq!(
+            package_problems(&wanted, &found, VersionRule::AtLeast),
+            ["nothere (not installed; the bundle has 0.1)"]
+        );
         assert_eq!(package_problems(&wanted, &found[..1], VersionRule::Any).len(), 3, "not asked is not found");
     }
 }

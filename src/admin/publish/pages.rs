@@ -3,20 +3,20 @@
 //! `activate` and `access` subcommands use; and the published apps' lines
 //! of `/__valve__/metrics`.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::Arc;
 
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::json as j;
 
+use super::deploy;
+use super::publisher::Publisher;
 use super::store::{self, rfc3339, Fail};
-use super::{deploy, failed, json, json_body, Publisher, Summary};
+use super::wire::{failed, json, json_body, lists};
 use crate::http::reply::ReplyBody;
 
 /// Where these pages live.
-pub const PREFIX: &str = "/__valve__/apps/";
+pub const PREFIX: &str = super::publisher::PAGES;
 
 /// The key name deployments started here are recorded under.
 pub const ADMIN: &str = "admin";
@@ -49,8 +49,10 @@ fn apps(p: &Publisher) -> Result<Response<ReplyBody>, Fail> {
     let list: Vec<serde_json::Value> = p
         .locked(store::all)?
         .iter()
-        .map(|r| j!({ "name": r.name, "url": p.app_url(&r.name), "active": r.active,
-                      "versions": r.versions.iter().map(|v| v.version).collect::<Vec<_>>() }))
+        .map(|r| {
+            j!({ "name": r.name, "url": p.app_url(&r.name), "active": r.active,
+                      "versions": r.versions.iter().map(|v| v.version).collect::<Vec<_>>() })
+        })
         .collect();
     Ok(json(StatusCode::OK, j!({ "apps": list })))
 }
@@ -93,7 +95,10 @@ async fn activate(p: &Arc<Publisher>, req: Request<Incoming>, name: &str) -> Res
     if record.version(version).is_none() {
         return Err(Fail::new(
             StatusCode::NOT_FOUND,
-            format!("{name} has no version {version} (kept: {:?})", record.versions.iter().map(|v| v.version).collect::<Vec<_>>()),
+            format!(
+                "{name} has no version {version} (kept: {:?})",
+                record.versions.iter().map(|v| v.version).collect::<Vec<_>>()
+            ),
         ));
     }
     let task = p.tasks.start();
@@ -110,15 +115,7 @@ async fn activate(p: &Arc<Publisher>, req: Request<Incoming>, name: &str) -> Res
 async fn access(p: &Arc<Publisher>, req: Request<Incoming>, name: &str) -> Result<Response<ReplyBody>, Fail> {
     p.locked(|s| store::by_name(s, name))?;
     let body = json_body(req).await?;
-    let list = |key: &str| -> Result<Option<Vec<String>>, Fail> {
-        match &body[key] {
-            serde_json::Value::Null => Ok(None),
-            v => serde_json::from_value::<Vec<String>>(v.clone())
-                .map(|names| Some(names.into_iter().map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect()))
-                .map_err(|_| Fail::new(StatusCode::BAD_REQUEST, format!("{key} must be a list of names or null"))),
-        }
-    };
-    let (users, groups) = (list("allow_users")?, list("allow_groups")?);
+    let (users, groups) = lists(&body)?;
     let record = p.locked(|s| store::set_access(s, name, users, groups))?;
     let applied = p.reloader.reload().await;
     Ok(json(
@@ -127,73 +124,4 @@ async fn access(p: &Arc<Publisher>, req: Request<Incoming>, name: &str) -> Resul
              "applied": applied.is_ok(),
              "note": applied.err().map(|e| format!("saved; the configuration has problems, so it applies at the next good reload: {e}")) }),
     ))
-}
-
-/// The published apps' metrics, in Prometheus' text format.
-pub(super) fn metrics(summary: &BTreeMap<String, Summary>, deployments: &BTreeMap<(String, bool), u64>) -> String {
-    let mut out = String::new();
-    let head = |out: &mut String, name: &str, kind: &str, help: &str| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    };
-    head(&mut out, "valve_published_version", "gauge", "The version each published app serves (0: none yet).");
-    for (app, s) in summary {
-        let _ = writeln!(out, "valve_published_version{{app=\"{app}\"}} {}", s.version.unwrap_or(0));
-    }
-    head(
-        &mut out,
-        "valve_published_activated_timestamp_seconds",
-        "gauge",
-        "When each published app's version became the one it serves (Unix time).",
-    );
-    for (app, s) in summary.iter().filter(|(_, s)| s.activated.is_some()) {
-        let _ = writeln!(out, "valve_published_activated_timestamp_seconds{{app=\"{app}\"}} {}", s.activated.unwrap_or(0));
-    }
-    head(&mut out, "valve_published_info", "gauge", "The version each published app serves and the key that made it so (always 1).");
-    for (app, s) in summary.iter().filter(|(_, s)| s.version.is_some()) {
-        let _ = writeln!(
-            out,
-            "valve_published_info{{app=\"{app}\",version=\"{}\",key=\"{}\"}} 1",
-            s.version.unwrap_or(0),
-            s.activated_by.as_deref().unwrap_or("")
-        );
-    }
-    head(&mut out, "valve_publish_deployments_total", "counter", "Deployments by app and result (switched or failed).");
-    for ((app, ok), n) in deployments {
-        let _ = writeln!(
-            out,
-            "valve_publish_deployments_total{{app=\"{app}\",result=\"{}\"}} {n}",
-            if *ok { "switched" } else { "failed" }
-        );
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metrics_name_the_version_and_the_key() {
-        let mut summary = BTreeMap::new();
-        summary.insert(
-            "api".to_string(),
-            Summary { version: Some(3), versions: vec![2, 3], activated: Some(1_700_000_000), activated_by: Some("ci".into()) },
-        );
-        summary.insert("new".to_string(), Summary::default());
-        let mut deployments = BTreeMap::new();
-        deployments.insert(("api".to_string(), true), 3);
-        deployments.insert(("api".to_string(), false), 1);
-        let text = metrics(&summary, &deployments);
-        for line in [
-            "valve_published_version{app=\"api\"} 3",
-            "valve_published_version{app=\"new\"} 0",
-            "valve_published_activated_timestamp_seconds{app=\"api\"} 1700000000",
-            "valve_published_info{app=\"api\",version=\"3\",key=\"ci\"} 1",
-            "valve_publish_deployments_total{app=\"api\",result=\"switched\"} 3",
-            "valve_publish_deployments_total{app=\"api\",result=\"failed\"} 1",
-        ] {
-            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
-        }
-        assert!(prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).is_ok());
-    }
 }

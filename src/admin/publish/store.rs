@@ -10,8 +10,7 @@ use http::StatusCode;
 
 use super::unpack::{self, Limits};
 use crate::config::publish::{
-    app_dir, bundle_source, read_record, read_records, version_dir, write_record, AppRecord, Publishing,
-    VersionRecord,
+    app_dir, bundle_source, read_record, read_records, version_dir, write_record, AppRecord, Publishing, VersionRecord,
 };
 use crate::config::valid_name;
 
@@ -28,7 +27,10 @@ impl Fail {
     }
 
     pub fn io(what: &str, e: std::io::Error) -> Fail {
-        Fail::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{what}: {e} (check publish_dir's permissions and free space)"))
+        Fail::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{what}: {e} (check publish_dir's permissions and free space)"),
+        )
     }
 }
 
@@ -113,7 +115,10 @@ pub fn create(
     }
     let records = all(p)?;
     if records.iter().any(|r| r.name == name) {
-        return Err(Fail::new(StatusCode::CONFLICT, format!("an app named {name:?} is already published: deploy to it")));
+        return Err(Fail::new(
+            StatusCode::CONFLICT,
+            format!("an app named {name:?} is already published: deploy to it"),
+        ));
     }
     let dir = app_dir(&p.dir, name);
     std::fs::create_dir(&dir).map_err(|e| Fail::io(&format!("cannot create {}", dir.display()), e))?;
@@ -271,13 +276,12 @@ pub fn prune(p: &Publishing, name: &str) -> Result<Vec<u32>, Fail> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::publish::{PublishKeys, VersionRule};
+    use crate::config::publish::VersionRule;
 
     fn settings(dir: &Path) -> Publishing {
         Publishing {
             dir: dir.to_path_buf(),
             keys_file: dir.join("keys"),
-            keys: PublishKeys::default(),
             addr: None,
             keep: 2,
             versions: VersionRule::Exact,
@@ -352,7 +356,8 @@ mod tests {
             let n = next_version(&p, "api").unwrap();
             let e = unpack_version(&p, "api", n, bundle(&files).path(), "alice").unwrap_err();
             assert!(e.message.starts_with("the bundle was refused: ") && e.message.contains(why), "{}", e.message);
-            let left: Vec<_> = std::fs::read_dir(app_dir(d.path(), "api")).unwrap().flatten().map(|e| e.file_name()).collect();
+            let left: Vec<_> =
+                std::fs::read_dir(app_dir(d.path(), "api")).unwrap().flatten().map(|e| e.file_name()).collect();
             assert_eq!(left, ["app.json"], "{why}");
         }
     }

@@ -6,8 +6,8 @@
 //! the path, and nothing of it is left. The path rules are pure functions
 //! (`entry_path`, `link_target`); `unpack` reads the archive and writes.
 
-use std::fs::{File, OpenOptions};
 use std::ffi::OsStr;
+use std::fs::{File, OpenOptions};
 use std::io::{BufReader, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
@@ -48,7 +48,9 @@ pub enum Refused {
     ThroughLink { path: String, link: String },
     #[error("{0:?} appears twice in the bundle")]
     Twice(String),
-    #[error("the bundle unpacks to more than {0} bytes (publish_max_size): leave data out of it, or raise publish_max_size")]
+    #[error(
+        "the bundle unpacks to more than {0} bytes (publish_max_size): leave data out of it, or raise publish_max_size"
+    )]
     TooBig(u64),
     #[error("the bundle holds more than {0} files and folders (publish_max_files): leave files out of it (an renv library belongs on the server), or raise publish_max_files")]
     TooMany(u64),
@@ -218,8 +220,9 @@ fn parents(root: &Path, rel: &Path) -> Result<(), Refused> {
                 })
             }
             Ok(_) => return Err(Refused::Twice(so_far.display().to_string())),
-            Err(_) => std::fs::create_dir(&at)
-                .map_err(|error| Refused::Io { path: so_far.display().to_string(), error })?,
+            Err(_) => {
+                std::fs::create_dir(&at).map_err(|error| Refused::Io { path: so_far.display().to_string(), error })?
+            }
         }
     }
     Ok(())
@@ -258,7 +261,8 @@ mod tests {
     }
 
     fn files_in(dir: &Path) -> Vec<String> {
-        let mut out: Vec<String> = walk(dir).iter().map(|p| p.strip_prefix(dir).unwrap().display().to_string()).collect();
+        let mut out: Vec<String> =
+            walk(dir).iter().map(|p| p.strip_prefix(dir).unwrap().display().to_string()).collect();
         out.sort();
         out
     }
@@ -286,7 +290,11 @@ mod tests {
         let here = Path::new("www/logo.png");
         assert_eq!(link_target(here, b"img/logo.png").unwrap(), PathBuf::from("img/logo.png"));
         for bad in [&b"/etc/passwd"[..], b"../secret", b"a/../../b", b"", b"x\0"] {
-            assert!(matches!(link_target(here, bad), Err(Refused::LinkOut { .. })), "{:?}", String::from_utf8_lossy(bad));
+            assert!(
+                matches!(link_target(here, bad), Err(Refused::LinkOut { .. })),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 
@@ -312,7 +320,8 @@ mod tests {
     #[test]
     fn a_bundle_that_breaks_a_rule_is_refused_and_nothing_is_left() {
         use tar::EntryType::*;
-        let cases: Vec<(Vec<(&str, tar::EntryType, &[u8])>, &str)> = vec![
+        type Entries<'a> = Vec<(&'a str, tar::EntryType, &'a [u8])>;
+        let cases: Vec<(Entries, &str)> = vec![
             (vec![("ok.R", Regular, b"1"), ("../../evil.R", Regular, b"x")], "climbs out"),
             (vec![("/tmp/evil.R", Regular, b"x")], "absolute path"),
             (vec![("out", Symlink, b"../..")], "leads out"),
@@ -333,11 +342,13 @@ mod tests {
             assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0, "{why}: nothing beside it either");
         }
         let big = vec![0u8; 2 << 20];
-        let e = unpack(bundle(&[("big", Regular, &big)]).path(), &tempfile::tempdir().unwrap().path().join("v"), LIMITS)
-            .unwrap_err();
+        let e =
+            unpack(bundle(&[("big", Regular, &big)]).path(), &tempfile::tempdir().unwrap().path().join("v"), LIMITS)
+                .unwrap_err();
         assert!(matches!(e, Refused::TooBig(_)), "{e}");
         let many: Vec<String> = (0..101).map(|i| format!("f{i}")).collect();
-        let entries: Vec<(&str, tar::EntryType, &[u8])> = many.iter().map(|n| (n.as_str(), Regular, &b""[..])).collect();
+        let entries: Vec<(&str, tar::EntryType, &[u8])> =
+            many.iter().map(|n| (n.as_str(), Regular, &b""[..])).collect();
         let e = unpack(bundle(&entries).path(), &tempfile::tempdir().unwrap().path().join("v"), LIMITS).unwrap_err();
         assert!(matches!(e, Refused::TooMany(100)), "{e}");
         let junk = tempfile::NamedTempFile::new().unwrap();

@@ -112,7 +112,9 @@ pub fn parse_keys(text: &str) -> Result<PublishKeys, String> {
 /// the file holds no secret).
 pub fn new_key(name: &str) -> Result<(String, String), String> {
     if !super::super::model::valid_name(name) {
-        return Err(format!("the key name {name:?} must be letters, digits, `-`, `_` or `.` (such as alice or ci-deploy)"));
+        return Err(format!(
+            "the key name {name:?} must be letters, digits, `-`, `_` or `.` (such as alice or ci-deploy)"
+        ));
     }
     let mut bytes = [0u8; 24];
     match rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty()) {

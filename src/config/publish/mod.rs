@@ -7,85 +7,18 @@
 
 mod keys;
 mod record;
+mod settings;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub use keys::{new_key, parse_keys, read_keys, PublishKey, PublishKeys, MIN_KEY_CHARS};
 pub use record::{app_dir, read_record, read_records, version_dir, write_record, AppRecord, VersionRecord, RECORD};
+pub use settings::{Publishing, VersionRule};
 
 use super::access::Allow;
 use super::discover::{self, AppSource};
 use super::error::ConfigError;
 use super::model::AppConfig;
-
-/// How publishing is set up (`publish_dir` given).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Publishing {
-    /// Where published apps and their versions live.
-    pub dir: PathBuf,
-    pub keys_file: PathBuf,
-    /// The keys, as the file said when the configuration was read (the
-    /// publishing API reads the file again when it changes).
-    pub keys: PublishKeys,
-    /// The publishing API on an address of its own, besides the admin listener.
-    pub addr: Option<String>,
-    /// Versions kept per app (the active one always).
-    pub keep: usize,
-    /// How a manifest's package versions must match what the app's R loads.
-    pub versions: VersionRule,
-    /// The largest bundle, compressed or unpacked, in bytes.
-    pub max_size: u64,
-    /// The most files (and folders) a bundle may hold.
-    pub max_files: u64,
-}
-
-/// How a bundle's package versions must match the ones the app's R loads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VersionRule {
-    /// The same version.
-    Exact,
-    /// The same version or a later one.
-    AtLeast,
-    /// Installed at all.
-    Any,
-}
-
-impl VersionRule {
-    pub fn parse(value: &str) -> Option<VersionRule> {
-        match value {
-            "exact" => Some(VersionRule::Exact),
-            "at-least" => Some(VersionRule::AtLeast),
-            "any" => Some(VersionRule::Any),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            VersionRule::Exact => "exact",
-            VersionRule::AtLeast => "at-least",
-            VersionRule::Any => "any",
-        }
-    }
-
-    /// Whether `installed` satisfies `wanted` (R's version numbers: parts
-    /// split on `.` and `-`, compared as numbers).
-    pub fn admits(self, wanted: &str, installed: &str) -> bool {
-        let parts = |v: &str| -> Vec<u64> { v.split(['.', '-']).map(|p| p.trim().parse().unwrap_or(0)).collect() };
-        let (w, i) = (parts(wanted), parts(installed));
-        let len = w.len().max(i.len());
-        let pad = |mut v: Vec<u64>| {
-            v.resize(len, 0);
-            v
-        };
-        let (w, i) = (pad(w), pad(i));
-        match self {
-            VersionRule::Exact => w == i,
-            VersionRule::AtLeast => i >= w,
-            VersionRule::Any => true,
-        }
-    }
-}
 
 /// Which version one app takes in a load, instead of its record's active
 /// one: a deployment checks the configuration it would switch to before
@@ -192,7 +125,9 @@ pub fn bundle_source(dir: &Path, appmode: &str) -> Result<AppSource, String> {
     let what = match appmode {
         "api" => "a plumber API needs entrypoint.R or plumber.R at the bundle's top",
         "shiny" => "a Shiny app needs app.R or server.R at the bundle's top",
-        "rmd-shiny" | "quarto-shiny" => "an interactive document needs `runtime: shiny` (or `server: shiny`) in its front matter",
+        "rmd-shiny" | "quarto-shiny" => {
+            "an interactive document needs `runtime: shiny` (or `server: shiny`) in its front matter"
+        }
         _ => "static content needs an index.html at the bundle's top: render documents to HTML before publishing them",
     };
     let source = discover::resolve(dir, "the bundle").map_err(|e| format!("appmode {appmode:?}: {what} ({e})"))?;
