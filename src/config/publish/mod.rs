@@ -140,6 +140,88 @@ pub fn bundle_source(dir: &Path, appmode: &str) -> Result<AppSource, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Args, Command, Source};
+    use clap::Parser;
+
+    fn args(extra: &[&str]) -> Args {
+        let mut argv = vec!["valve"];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv).expect("flags parse")
+    }
+
+    #[test]
+    fn subcommands_leave_every_flag_as_it_was() {
+        let a = args(&["-f", "api.R", "--port", "8080", "--n-max", "4"]);
+        assert!(a.command.is_none(), "no subcommand: valve serves");
+        assert_eq!((a.port, a.n_max), (8080, 4));
+        let a = args(&["publish-key", "alice"]);
+        assert!(matches!(a.command, Some(Command::PublishKey { ref name }) if name == "alice"));
+        let a = args(&["--admin-addr", "127.0.0.1:9090", "activate", "sales", "3"]);
+        assert!(matches!(a.command, Some(Command::Activate { ref app, version: 3, .. }) if app == "sales"));
+        assert_eq!(a.admin_url_for(None).unwrap(), "http://127.0.0.1:9090", "--admin-addr names the admin address");
+        assert_eq!(a.admin_url_for(Some("127.0.0.1:1/")).unwrap(), "http://127.0.0.1:1");
+        let e = args(&["versions", "sales"]).admin_url_for(None).unwrap_err();
+        assert!(e.contains("pass --admin URL"), "a port 0 admin address cannot be guessed: {e}");
+        let a = args(&["access", "sales", "--users", "ann,bob", "--admin", "http://x:1"]);
+        assert!(matches!(a.command, Some(Command::Access { ref users, open: false, .. }) if users.as_deref() == Some("ann,bob")));
+        assert!(Args::try_parse_from(["valve", "access", "x", "--open", "--users", "a"]).is_err());
+    }
+
+    /// A publish folder with app `name` active at version 1 (a plumber API), and a keys file.
+    fn published_one(name: &str, users: Option<Vec<String>>) -> (tempfile::TempDir, String, String) {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("published");
+        let app = app_dir(&dir, name);
+        std::fs::create_dir_all(version_dir(&app, 1)).unwrap();
+        std::fs::write(version_dir(&app, 1).join("plumber.R"), "#* @get /\nfunction() 1\n").unwrap();
+        let record = AppRecord {
+            id: 1,
+            name: name.into(),
+            active: Some(1),
+            allow_users: users,
+            versions: vec![VersionRecord { version: 1, ..Default::default() }],
+            next_version: 2,
+            ..Default::default()
+        };
+        write_record(&app, &record).unwrap();
+        let keys = d.path().join("keys");
+        std::fs::write(&keys, format!("ci {}\n", "k".repeat(30))).unwrap();
+        let (dir, keys) = (dir.display().to_string(), keys.display().to_string());
+        (d, dir, keys)
+    }
+
+    #[test]
+    fn published_apps_join_the_configured_ones_with_their_allow_lists_and_the_budget() {
+        let (d, dir, keys) = published_one("sales", Some(vec!["ann".into()]));
+        let api = d.path().join("api.R");
+        std::fs::write(&api, "").unwrap();
+        let flags = ["-f", api.to_str().unwrap(), "--publish-dir", &dir, "--publish-keys-file", &keys];
+        let c = args(&flags).single().unwrap();
+        let names: Vec<(&str, &str)> = c.apps.iter().map(|a| (a.name.as_str(), a.prefix.as_str())).collect();
+        assert_eq!(names, [("api", "/"), ("sales", "/sales")]);
+        assert_eq!(c.apps[1].allow.users.as_deref(), Some(&["ann".to_string()][..]));
+        assert_eq!(c.server.max_workers, 6, "the budget grows by the published app's n_max");
+        assert_eq!(c.server.publish.as_ref().map(|p| p.keep), Some(5));
+        // A deployment loads the configuration it would switch to.
+        let c = Source::Flags(args(&flags)).load_with(Some(&Candidate { app: "sales".into(), version: 2 }));
+        assert!(c.unwrap_err().to_string().contains("has no usable version 2"), "no such version yet");
+        // A config file: the published app is an [[app]] of its own, under the file's defaults.
+        let toml = d.path().join("valve.toml");
+        std::fs::write(
+            &toml,
+            format!("n_max = 2\npublish_dir = \"{dir}\"\npublish_keys_file = \"{keys}\"\n[[app]]\nname = \"api\"\nfile = \"api.R\"\n"),
+        )
+        .unwrap();
+        let c = Source::File(toml.clone(), args(&[])).load().unwrap();
+        assert_eq!(c.apps.iter().map(|a| (a.name.as_str(), a.n_max)).collect::<Vec<_>>(), [("api", 2), ("sales", 2)]);
+        assert_eq!(c.server.max_workers, 4);
+        // Its name taken by a configured app: a clear error.
+        std::fs::write(&toml, format!("publish_dir = \"{dir}\"\npublish_keys_file = \"{keys}\"\n[[app]]\nname = \"sales\"\nfile = \"api.R\"\n")).unwrap();
+        let e = Source::File(toml, args(&[])).load().unwrap_err().to_string();
+        assert!(e.contains("the published app `sales`") && e.contains("configured app `sales`"), "{e}");
+        let e = args(&["-f", api.to_str().unwrap(), "--publish-dir", &dir]).single().unwrap_err().to_string();
+        assert!(e.contains("--publish-dir needs --publish-keys-file"), "{e}");
+    }
 
     #[test]
     fn version_rules_compare_r_versions_as_numbers() {
