@@ -135,11 +135,7 @@ pub async fn run(
     let admin = Admin::new(router.clone(), fleet.clone(), registry.clone(), &config, shutdown.signalled.clone());
     admin.set_reloader(reloader.clone());
     // Publishing, when on: its API on the admin listener (and its own address, if asked).
-    let publisher = config
-        .server
-        .publish
-        .as_ref()
-        .map(|p| Publisher::new(p.clone(), reloader.clone(), run_dir.clone(), &config.server.host, addr));
+    let publisher = config.server.publish.as_ref().map(|p| Publisher::new(p.clone(), reloader.clone(), addr));
     if let Some(p) = &publisher {
         admin.set_publisher(p.clone());
     }

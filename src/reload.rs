@@ -173,6 +173,13 @@ impl Apps {
                 self.registry.app(&app.name),
             ));
         }
+        let launcher = RLauncher::new(self.spec(app), app.preload).map_err(RunError::RunDir)?;
+        Ok(Supervisor::new(self.fleet.clone(), settings, Box::new(launcher), self.registry.app(&app.name)))
+    }
+
+    /// How app `app`'s R processes are started: its workers, and any other R
+    /// run as the app (a published bundle's package check).
+    pub fn spec(&self, app: &AppConfig) -> Spec {
         let mut spec = Spec::new(
             self.run_dir.clone(),
             app.r_bin.clone(),
@@ -185,8 +192,7 @@ impl Apps {
             spec = spec.over_frames(hub.clone());
         }
         spec.render_timeout = app.start_timeout;
-        let launcher = RLauncher::new(spec, app.preload).map_err(RunError::RunDir)?;
-        Ok(Supervisor::new(self.fleet.clone(), settings, Box::new(launcher), self.registry.app(&app.name)))
+        spec
     }
 
     /// Puts the serving apps in the router.

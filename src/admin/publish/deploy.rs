@@ -16,7 +16,7 @@ use super::store::{self, Fail};
 use super::tasks::Task;
 use crate::config::publish::{Candidate, VersionRule};
 use crate::config::AppConfig;
-use crate::worker::{packages, Spec};
+use crate::worker::packages;
 
 /// The most a deployment waits for its new generation beyond the app's
 /// start timeout (a render, the first worker's warm-up).
@@ -165,14 +165,7 @@ async fn check_packages(
         app.r_bin.display(),
         publisher.settings.versions.as_str()
     ));
-    let spec = Spec::new(
-        publisher.run_dir.clone(),
-        app.r_bin.clone(),
-        app.source.clone(),
-        app.env.clone(),
-        publisher.public.0.clone(),
-        publisher.public.1,
-    );
+    let spec = publisher.reloader.apps.spec(app);
     let names: Vec<String> = wanted.iter().map(|(n, _)| n.clone()).collect();
     let found = packages::installed(&spec, &names, app.start_timeout)
         .await

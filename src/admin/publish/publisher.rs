@@ -26,9 +26,6 @@ pub struct Publisher {
     pub(super) keys: Mutex<(Option<SystemTime>, PublishKeys)>,
     pub(super) tasks: Tasks,
     pub(super) reloader: Arc<Reloader>,
-    pub(super) run_dir: Arc<tempfile::TempDir>,
-    /// Where clients reach valve's apps: host and port (R's workers are told).
-    pub(super) public: (String, u16),
     /// The apps' base URL, for what clients print.
     pub(super) base_url: String,
     /// One read-modify-write of records at a time.
@@ -52,13 +49,7 @@ pub struct Summary {
 
 impl Publisher {
     /// `addr` is the main listener's: where the published apps are served.
-    pub fn new(
-        settings: Publishing,
-        reloader: Arc<Reloader>,
-        run_dir: Arc<tempfile::TempDir>,
-        host: &str,
-        addr: SocketAddr,
-    ) -> Arc<Publisher> {
+    pub fn new(settings: Publishing, reloader: Arc<Reloader>, addr: SocketAddr) -> Arc<Publisher> {
         let modified = std::fs::metadata(&settings.keys_file).and_then(|m| m.modified()).ok();
         // The configuration's load checked the file; should it have changed since, it is read again at the first call.
         let keys = read_keys(&settings.keys_file).unwrap_or_default();
@@ -67,8 +58,6 @@ impl Publisher {
             keys: Mutex::new((modified, keys)),
             tasks: Tasks::default(),
             reloader,
-            run_dir,
-            public: (host.to_string(), addr.port()),
             base_url: crate::http::server::display_addr(addr),
             records: Mutex::new(()),
             deploying: tokio::sync::Mutex::new(()),

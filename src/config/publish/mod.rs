@@ -163,7 +163,9 @@ mod tests {
         let e = args(&["versions", "sales"]).admin_url_for(None).unwrap_err();
         assert!(e.contains("pass --admin URL"), "a port 0 admin address cannot be guessed: {e}");
         let a = args(&["access", "sales", "--users", "ann,bob", "--admin", "http://x:1"]);
-        assert!(matches!(a.command, Some(Command::Access { ref users, open: false, .. }) if users.as_deref() == Some("ann,bob")));
+        assert!(
+            matches!(a.command, Some(Command::Access { ref users, open: false, .. }) if users.as_deref() == Some("ann,bob"))
+        );
         assert!(Args::try_parse_from(["valve", "access", "x", "--open", "--users", "a"]).is_err());
     }
 
