@@ -150,9 +150,11 @@ deploy_packages <- function(dir) {
   all <- unique(c(direct, unlist(deps)))
   base <- rownames(installed)[installed[, "Priority"] %in% "base"]
   all <- sort(setdiff(all[all %in% rownames(installed)], c(base, "R")))
-  stats::setNames(lapply(all, function(p) {
+  out <- lapply(all, function(p) {
     list(Source = "local", description = list(Package = p, Version = installed[p, "Version"]))
-  }), all)
+  })
+  names(out) <- all
+  out
 }
 
 # The bundle: the app's files (not rsconnect's records, version control, or
@@ -175,8 +177,9 @@ deploy_bundle <- function(dir, call) {
       version = 1,
       metadata = list(appmode = deploy_appmode(stage)),
       packages = deploy_packages(stage),
-      files = stats::setNames(lapply(files, function(f) list(checksum = unname(tools::md5sum(file.path(stage, f))))), files)
+      files = lapply(files, function(f) list(checksum = unname(tools::md5sum(file.path(stage, f)))))
     )
+    names(manifest$files) <- files
     writeLines(jsonlite::toJSON(manifest, auto_unbox = TRUE, pretty = TRUE), file.path(stage, "manifest.json"))
   }
   bundle <- tempfile("valve-bundle-", fileext = ".tar.gz")
