@@ -5,11 +5,13 @@
 //! listener alone also has valve's own `/__valve__/apps/` pages (versions,
 //! activate, access) that the `valve` subcommands use.
 //!
-//! Its rooms: `api` (the HTTP calls clients make, both the ones rsconnect
-//! 0.8 makes and the `v1` ones of rsconnect 1.x), `pages` (valve's own app
-//! pages, the status and metrics lines), `store` (writes to `publish_dir`),
-//! `unpack` (a bundle unpacked safely), `deploy` (a deployment, which is a
-//! reload), `tasks` (the deployment logs clients follow), `cli` (the
+//! Its rooms, from the bottom: `unpack` (a bundle unpacked safely), `store`
+//! (writes to `publish_dir`), `tasks` (the deployment logs clients follow),
+//! `wire` (bodies and JSON answers), `publisher` (the state: settings, keys,
+//! locks, the summary behind the status page and metrics), `deploy` (a
+//! deployment, which is a reload), `api` (the HTTP calls clients make, both
+//! the ones rsconnect 0.8 makes and the `v1` ones of rsconnect 1.x),
+//! `pages` (valve's own pages of published apps), and apart `cli` (the
 //! subcommands' client).
 
 mod api;
