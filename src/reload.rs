@@ -483,6 +483,7 @@ impl Reloader {
             ("admin_addr", old.admin_addr != new.admin_addr),
             ("log_format", old.log_json != new.log_json),
             ("worker_transport", old.worker_transport != new.worker_transport),
+            ("publish_*", old.publish != new.publish),
         ] {
             if changed {
                 tracing::warn!(

@@ -308,6 +308,13 @@ async fn rsconnect_publishes_redeploys_without_a_failed_request_refuses_and_roll
     let (code, said) = cli(&["activate", "api", "9"]);
     assert_eq!(code, Some(1), "{said}");
     assert!(said.contains("api has no version 9"), "{said}");
+    // Who may use it, set later with `valve access`: from the next request on.
+    let (code, said) = cli(&["access", "api", "--users", "ann"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(get(&valve.get("/api/version")).await.0, 403);
+    let (code, said) = cli(&["access", "api", "--open"]);
+    assert_eq!((code, said.contains("open to everyone")), (Some(0), true), "{said}");
+    assert_eq!(get(&valve.get("/api/version")).await.0, 200);
 
     // Status and metrics say what each published app serves, and by which key.
     let status = valve.status();
