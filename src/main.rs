@@ -16,7 +16,7 @@ const EXIT_START: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
-    let args = match Args::parse_noting_given() {
+    let mut args = match Args::parse_noting_given() {
         Ok(args) => args,
         Err(e) if !e.use_stderr() => e.exit(), // --help, --version
         Err(e) => {
@@ -35,6 +35,10 @@ fn main() -> ExitCode {
         return subcommand(&args, command);
     }
     let json = args.wants_json_logs();
+    // What the kernel lets valve give apps (own users, a private view), known
+    // before the configuration is checked against it.
+    args.kernel = valve::worker::sandbox::probe(args.uid_range().0);
+    valve::worker::sandbox::guard_valve();
     let loaded = args.source().map_err(LoadError::from).and_then(|source| Ok((source.load()?, source)));
     let (config, source) = match loaded {
         Ok(loaded) => loaded,
@@ -59,6 +63,7 @@ fn main() -> ExitCode {
             eprintln!("valve: warning: {warning}");
         }
         println!("valve: {} is valid: {}", source.describe(), summary(&config));
+        print!("{}", table(&config));
         return ExitCode::SUCCESS;
     }
     let log = valve::log::init(json);
@@ -205,6 +210,32 @@ fn summary(config: &Config) -> String {
     format!("{} app(s), at most {} R workers: {}", apps.len(), config.server.max_workers, apps.join("; "))
 }
 
+/// `--check`'s table: one line per app, with whom its R runs as.
+fn table(config: &Config) -> String {
+    let mut rows: Vec<[String; 6]> =
+        vec![["APP", "PATH", "KIND", "WORKERS", "RUNS AS", "MEMORY LIMIT"].map(String::from)];
+    for a in &config.apps {
+        let r = !a.is_static();
+        rows.push([
+            a.name.clone(),
+            format!("{}{}", a.hostname.as_deref().unwrap_or(""), a.prefix),
+            a.source.kind().to_string(),
+            if r { format!("{}-{}", a.n_min, a.n_max) } else { "no R".into() },
+            if r { a.account.describe() } else { "-".into() },
+            a.memory_limit.map(|b| format!("{}MB", b >> 20)).unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    let widths: Vec<usize> = (0..6).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+    let mut out = format!("isolation: {}\n", config.server.isolation.label());
+    for row in rows {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        out.push_str("  ");
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 async fn serve(config: Config, source: Source, log: &valve::log::Log) -> ExitCode {
     let shutdown = Shutdown::new();
     if let Err(e) = shutdown.listen_for_signals(config.server.drain_delay) {
@@ -303,7 +334,7 @@ fn report_start_error(config: &Config, app: &str, path: &str, e: &StartError) {
         _ => None,
     };
     let hint = match e {
-        StartError::NoR { .. } | StartError::Io(_) | StartError::NoQuarto { .. } => return,
+        StartError::NoR { .. } | StartError::Io(_) | StartError::NoQuarto { .. } | StartError::Sandbox { .. } => return,
         _ if e.missing_package() && engine.is_some() => {
             let (engine, _) = engine.unwrap_or_default();
             format!("install the engine package into a library the workers see: R -e 'install.packages(\"{engine}\")' (or R CMD INSTALL -l LIB its source, with R_LIBS=LIB in valve's environment)")

@@ -33,7 +33,8 @@ use crate::app::{Fleet, Settings, Supervisor};
 use crate::config::{is_output_of_a_document, AppConfig, AppSource, Config, LoadError, Source, Trust};
 use crate::http::router::{Mounted, Router, Table};
 use crate::metrics::Registry;
-use crate::worker::{FrameHub, NoWorkers, RLauncher, Spec, StartError};
+use crate::worker::sandbox::{Sandbox, Site};
+use crate::worker::{FrameHub, NoWorkers, RLauncher, Spec, SpoolDir, StartError};
 
 /// Why valve could not serve.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +47,10 @@ pub enum RunError {
     WorkerListener(std::io::Error),
     #[error("the app {app} ({path}) could not start: {error}")]
     Start { app: String, path: String, error: StartError },
+    #[error(
+        "cannot make the private folders of app {app}: {error} (valve makes them in its run directory and --state-dir)"
+    )]
+    Sandbox { app: String, error: std::io::Error },
 }
 
 /// How long the previous generation of a changed app keeps the Shiny
@@ -104,6 +109,8 @@ struct State {
     grace: Duration,
     /// Whom valve believes about who calls (the router's table carries it).
     trust: Arc<Trust>,
+    /// Every app's folder and valve's own files, which each app's sandbox hides.
+    site: Option<Site>,
     next: u64,
 }
 
@@ -162,8 +169,8 @@ impl Apps {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn generation(&self, app: &AppConfig, check_unused: Duration) -> Result<Arc<Supervisor>, RunError> {
-        let settings = Settings::from_config(app, check_unused);
+    fn generation(&self, app: &AppConfig, check_unused: Duration, site: &Site) -> Result<Arc<Supervisor>, RunError> {
+        let mut settings = Settings::from_config(app, check_unused);
         if app.is_static() {
             // Its pool stays empty (n_max = 0): ready at once, nothing to launch.
             return Ok(Supervisor::new(
@@ -173,13 +180,19 @@ impl Apps {
                 self.registry.app(&app.name),
             ));
         }
-        let launcher = RLauncher::new(self.spec(app), app.preload).map_err(RunError::RunDir)?;
-        Ok(Supervisor::new(self.fleet.clone(), settings, Box::new(launcher), self.registry.app(&app.name)))
+        let (mut spec, spool) = self.spec(app, site)?;
+        let metrics = self.registry.app(&app.name);
+        metrics.set_memory_limit(app.memory_limit);
+        spec.tap = Some(metrics.clone());
+        settings.spool = Some(spool);
+        let launcher = RLauncher::new(spec, app.preload).map_err(RunError::RunDir)?;
+        Ok(Supervisor::new(self.fleet.clone(), settings, Box::new(launcher), metrics))
     }
 
-    /// How app `app`'s R processes are started: its workers, and any other R
-    /// run as the app (a published bundle's package check).
-    pub fn spec(&self, app: &AppConfig) -> Spec {
+    /// How app `app`'s R processes are started, in its sandbox: its workers,
+    /// and any other R run as the app (a published bundle's package check);
+    /// and where its spooled bodies go.
+    pub fn spec(&self, app: &AppConfig, site: &Site) -> Result<(Spec, SpoolDir), RunError> {
         let mut spec = Spec::new(
             self.run_dir.clone(),
             app.r_bin.clone(),
@@ -192,7 +205,10 @@ impl Apps {
             spec = spec.over_frames(hub.clone());
         }
         spec.render_timeout = app.start_timeout;
-        spec
+        let sandboxed = |error| RunError::Sandbox { app: app.name.clone(), error };
+        let sandbox = Sandbox::for_app(app, site, self.run_dir.path()).map_err(sandboxed)?;
+        let spool = SpoolDir { dir: sandbox.run.clone(), owner: sandbox.owner() };
+        Ok((spec.sandboxed(sandbox).map_err(sandboxed)?, spool))
     }
 
     /// Puts the serving apps in the router.
@@ -211,8 +227,10 @@ impl Apps {
         let mut sups = Vec::new();
         {
             let mut state = self.lock();
+            let site = Site::of(config);
+            state.site = Some(site.clone());
             for app in &config.apps {
-                let sup = self.generation(app, config.server.check_unused)?;
+                let sup = self.generation(app, config.server.check_unused, &site)?;
                 let print = fingerprint(&app.source);
                 state.serving.insert(
                     app.name.clone(),
@@ -261,6 +279,8 @@ impl Apps {
             state.check_unused = config.server.check_unused;
             state.grace = config.server.graceful_timeout;
             state.trust = Arc::new(config.server.trust.clone());
+            let site = Site::of(&config);
+            state.site = Some(site.clone());
             for (app, print) in config.apps.iter().zip(prints.iter().copied().chain(std::iter::repeat(0))) {
                 // New allow lists hold for the next request: they need no new generation.
                 if let Some(serving) = state.serving.get_mut(&app.name) {
@@ -291,7 +311,7 @@ impl Apps {
                 if let Some(s) = state.starting.remove(&app.name) {
                     stop.push(s.sup);
                 }
-                let sup = match self.generation(app, config.server.check_unused) {
+                let sup = match self.generation(app, config.server.check_unused, &site) {
                     Ok(sup) => sup,
                     Err(e) => {
                         tracing::error!(app = %app.name, error = %e, "cannot start a new generation of the app");

@@ -15,7 +15,7 @@ use http::{Method, Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
 use crate::app::Fleet;
-use crate::config::{AppSource, Config};
+use crate::config::{AccountKind, AppConfig, AppSource, Config, Isolation};
 use crate::http::reply::{error, redirect, text, ReplyBody};
 use crate::http::router::{Router, Table};
 use crate::http::server::Pages;
@@ -32,6 +32,8 @@ pub struct Admin {
     registry: Arc<Registry>,
     /// Fired when a stop was asked for: readiness turns 503.
     stopping: CancellationToken,
+    /// What valve can give apps here (own users, a private view).
+    isolation: Isolation,
     started: Instant,
     config: serde_json::Value,
     /// Reloads the configuration (`POST /__valve__/reload`).
@@ -49,6 +51,7 @@ impl Admin {
         config: &Config,
         stopping: CancellationToken,
     ) -> Arc<Self> {
+        let isolation = config.server.isolation;
         let secs = |d: std::time::Duration| d.as_secs_f64();
         let s = &config.server;
         let first = config.apps.first();
@@ -83,6 +86,7 @@ impl Admin {
             fleet,
             registry,
             stopping,
+            isolation,
             started: Instant::now(),
             config,
             reloader: OnceLock::new(),
@@ -220,6 +224,12 @@ impl Admin {
                 "queue": { "waiting": g.queued, "limit": c.queue_size, "timeout_s": c.queue_timeout.as_secs_f64() },
                 "sessions": g.sessions,
                 "saturation": g.saturation(),
+                // Whom its R runs as and how it is kept apart (none for static content: valve serves it).
+                "user": (!c.is_static()).then(|| c.account.name.clone()),
+                "uid": (!c.is_static()).then_some(c.account.uid),
+                "isolation": (!c.is_static()).then(|| isolation(c, self.isolation)),
+                "memory_limit": c.memory_limit,
+                "memory_limit_errors": m.sup.metrics.memory_limit_errors(),
                 "workers": workers,
                 "history": m.sup.metrics.history(),
                 "published": self.publisher.get().and_then(|p| p.status_of(&c.name)),
@@ -319,5 +329,14 @@ impl Pages for Admin {
 
     fn listing(&self, table: &Table) -> Response<ReplyBody> {
         listing(table)
+    }
+}
+
+/// How an app is kept apart, as the status page says it.
+fn isolation(app: &AppConfig, site: Isolation) -> &'static str {
+    match app.account.kind {
+        AccountKind::Root => "none: runs as root (run_as = \"root\")",
+        AccountKind::Valve => Isolation::Shared.label(),
+        AccountKind::Own | AccountKind::Named => site.label(),
     }
 }

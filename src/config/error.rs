@@ -61,6 +61,9 @@ pub enum ConfigError {
     /// Publishing's settings, keys file or published apps.
     #[error("{0}")]
     Published(String),
+    /// Whom apps run as, or what their users can read (one line per problem).
+    #[error("{0}")]
+    Isolation(String),
 }
 
 /// `--shiny-reconnect-window`: the longest (a day).

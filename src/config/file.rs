@@ -19,10 +19,13 @@ use super::error::{
     MAX_RECONNECT_WINDOW, MIN_SESSION_BUFFER, RECONNECT_RANGE, SESSION_BUFFER_RANGE,
 };
 use super::flags::Args;
+use super::flags::{parse_memory_limit, valves_own};
 use super::keys::{edit_distance, flag_name, ACCESS_KEYS, APP_KEYS, APP_ONLY, SERVER_KEYS};
 use super::model::{self, normal_prefix, valid_name, AppConfig, Config, Server};
 use super::problems::{line_col, Problem, Problems};
 use super::publish::{Candidate, Publishing};
+use super::settle::{settle, Unfit};
+use super::users::{parse_uid_range, Isolation, RunAs};
 
 type Val = Spanned<toml::Value>;
 
@@ -54,7 +57,7 @@ pub(super) fn load_with(path: &Path, args: &Args, candidate: Option<&Candidate>)
     let top: Table = toml::from_str(&text).map_err(parse_error)?;
     let apps: Apps = toml::from_str(&text).map_err(parse_error)?;
     let mut cx = Cx { text: &text, args, top: &top, problems: Vec::new(), candidate, base: base.clone() };
-    let config = cx.resolve(&apps.app, &base);
+    let config = cx.resolve(&apps.app, &base, path);
     match (config, cx.problems.is_empty()) {
         (Some(c), true) => Ok(c),
         _ => {
@@ -131,7 +134,7 @@ impl<'a> Cx<'a> {
         }
     }
 
-    fn resolve(&mut self, apps: &[Spanned<Table>], base: &Path) -> Option<Config> {
+    fn resolve(&mut self, apps: &[Spanned<Table>], base: &Path, file: &Path) -> Option<Config> {
         let top = self.top;
         self.unknown_keys(top, &[SERVER_KEYS, APP_KEYS, ACCESS_KEYS, &["app"]], "at the top level");
         if let Some(v) = top.get("app") {
@@ -172,12 +175,36 @@ impl<'a> Cx<'a> {
                 self.at(span.clone(), message);
             }
         }
+        let spans: Vec<std::ops::Range<usize>> = resolved.iter().map(|(_, s)| s.clone()).collect();
         let mut apps: Vec<AppConfig> = resolved.into_iter().map(|(a, _)| a).collect();
         let publish = self.publishing();
         if let Some(Some(p)) = &publish {
             self.published(p, &mut apps, base);
         }
-        let server = self.server(&apps, publish?)?;
+        let private = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+        let server = self.server(&apps, private, publish?)?;
+        if let Some(range) = self.uid_range() {
+            for (i, why) in settle(&mut apps, &self.args.kernel, range) {
+                // The app's own run_as, else the top level's; a folder problem at the app's table
+                // (a published app has none: said without a place).
+                match why {
+                    Unfit::RunAs(m) => {
+                        let place = spans
+                            .get(i)
+                            .and_then(|span| app_tables_key(self.text, span, "run_as"))
+                            .or_else(|| self.top.get("run_as").map(|v| v.span()));
+                        match place {
+                            Some(span) => self.at(span, m),
+                            None => self.nowhere(m),
+                        }
+                    }
+                    Unfit::Folder(m) => match spans.get(i) {
+                        Some(span) => self.at(span.clone(), m),
+                        None => self.nowhere(m),
+                    },
+                }
+            }
+        }
         let n_min: usize = apps.iter().map(|a| a.n_min).sum();
         if n_min > server.max_workers {
             let message = format!(
@@ -192,7 +219,28 @@ impl<'a> Cx<'a> {
         Some(Config { server, apps, notes: Vec::new() })
     }
 
-    fn server(&mut self, apps: &[AppConfig], publish: Option<Publishing>) -> Option<Server> {
+    /// `uid_range`: the file's, else the flag's.
+    fn uid_range(&mut self) -> Option<(u32, u32)> {
+        match self.pick("uid_range", None) {
+            Some(v) => match v.get_ref().as_str().map(parse_uid_range) {
+                Some(Ok(r)) => Some(r),
+                Some(Err(why)) => {
+                    self.at(v.span(), format!("uid_range = {why}"));
+                    None
+                }
+                None => {
+                    self.at(v.span(), "uid_range must be a string such as \"1900000000-1999999999\"".into());
+                    None
+                }
+            },
+            None => self.flag_result(
+                parse_uid_range(&self.args.uid_range)
+                    .map_err(|why| ConfigError::Isolation(format!("--uid-range {why}"))),
+            ),
+        }
+    }
+
+    fn server(&mut self, apps: &[AppConfig], config_file: PathBuf, publish: Option<Publishing>) -> Option<Server> {
         let a = self.args;
         let host = self.string("host", None, &a.host)?;
         let port = self.count("port", None, a.port as u64, 0, u16::MAX as u64)? as u16;
@@ -212,6 +260,17 @@ impl<'a> Cx<'a> {
         }
         let (shiny_session_buffer, shiny_buffer_total) = self.shiny_buffers();
         let trust = self.trust();
+        let state_dir = match self.pick("state_dir", None) {
+            Some(v) => match v.get_ref().as_str() {
+                Some(s) if Path::new(s).is_absolute() => Some(PathBuf::from(s)),
+                _ => {
+                    self.at(v.span(), "state_dir must be an absolute path such as \"/var/lib/valve\"".into());
+                    None
+                }
+            },
+            None => Some(a.state_dir()),
+        };
+        let state_dir = state_dir?;
         Some(Server {
             host,
             port,
@@ -230,6 +289,10 @@ impl<'a> Cx<'a> {
             shiny_buffer_total: shiny_buffer_total?,
             trust: trust?,
             publish,
+            private_paths: vec![config_file, state_dir.clone()],
+            state_dir,
+            isolation: Isolation::from_kernel(&a.kernel),
+            valve_uid: a.kernel.uid,
         })
     }
 
@@ -352,6 +415,24 @@ impl<'a> Cx<'a> {
         let start_timeout = self.seconds("start_timeout", t, &a.start_timeout, false);
         let reconnect_window = self.reconnect_window(t);
         let allow = self.allow(app.get_ref());
+        let run_as = self.run_as(t);
+        let memory_limit = match self.pick("memory_limit", t) {
+            Some(v) => self.size("memory_limit", v).and_then(|n| {
+                if n >= super::flags::MIN_MEMORY_LIMIT {
+                    return Some(Some(n));
+                }
+                let message = format!(
+                    "memory_limit = {}: too small: use 100MB or more (R with plumber or Shiny loaded takes ~75MB before the app loads anything)",
+                    v.get_ref()
+                );
+                self.at(v.span(), message);
+                None
+            }),
+            None => match &a.memory_limit {
+                Some(s) => self.flag_result(parse_memory_limit("--memory-limit", s)).map(Some),
+                None => Some(None),
+            },
+        };
         Some(
             AppConfig {
                 name: name?,
@@ -375,6 +456,9 @@ impl<'a> Cx<'a> {
                 start_timeout: start_timeout?,
                 env: env?,
                 allow: allow?,
+                run_as: run_as?,
+                account: valves_own(&a.kernel),
+                memory_limit: memory_limit?,
                 source: source?,
             }
             .fit_to_source(),
@@ -445,6 +529,24 @@ impl<'a> Cx<'a> {
                 self.at(
                     v.span(),
                     format!("{key} = {}: not a number of seconds {least} (try {key} = 10 or {key} = 0.5)", v.get_ref()),
+                );
+                None
+            }
+        }
+    }
+
+    /// `run_as`: a user name, a uid (a number or its digits), or "root".
+    fn run_as(&mut self, app: Option<&Table>) -> Option<RunAs> {
+        let Some(v) = self.pick("run_as", app) else {
+            return Some(RunAs::parse(self.args.run_as.as_deref().unwrap_or("")));
+        };
+        match v.get_ref() {
+            toml::Value::String(s) if !s.trim().is_empty() => Some(RunAs::User(s.trim().to_string())),
+            toml::Value::Integer(i) if *i >= 0 && *i < u32::MAX as i64 => Some(RunAs::User(i.to_string())),
+            other => {
+                self.at(
+                    v.span(),
+                    format!("run_as = {other}: name a user (run_as = \"shiny\") or a uid (run_as = 1001), or remove it to give the app a user of its own"),
                 );
                 None
             }
@@ -564,6 +666,21 @@ impl<'a> Cx<'a> {
         }
         ok.then(|| out.into_iter().collect())
     }
+}
+
+/// Where `key` is written inside an app's table (the table's text span), if it is.
+fn app_tables_key(text: &str, table: &std::ops::Range<usize>, key: &str) -> Option<std::ops::Range<usize>> {
+    let body = text.get(table.clone())?;
+    let mut at = 0;
+    for line in body.split_inclusive('\n') {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with(key) && trimmed[key.len()..].trim_start().starts_with('=') {
+            let start = table.start + at + (line.len() - trimmed.len());
+            return Some(start..start + key.len());
+        }
+        at += line.len();
+    }
+    None
 }
 
 fn valid_hostname(h: &str) -> bool {

@@ -12,7 +12,9 @@ use super::error::{
 };
 use super::model::{admin_addr, transport, AppConfig, Config, Server};
 use super::publish::{self, Candidate, Publishing, VersionRule};
+use super::settle::{settle, Unfit};
 use super::site;
+use super::users::{parse_uid_range, Account, AccountKind, Isolation, Kernel, RunAs};
 
 /// One port in front of a pool of R worker processes running a plumber API or a Shiny app.
 ///
@@ -241,6 +243,32 @@ pub struct Args {
     #[arg(long = "auth-cache", env = "VALVE_AUTH_CACHE", default_value = "5", value_name = "SECONDS")]
     pub auth_cache: String,
 
+    /// The user each app's R runs as when valve runs as root (a user name or a uid). Unset: each
+    /// app gets a user of its own, a uid from --uid-range picked from a hash of the app's name
+    /// (stable across restarts and reloads). R never runs as root unless this says `root`.
+    #[arg(long = "run-as", env = "VALVE_RUN_AS", value_name = "USER")]
+    pub run_as: Option<String>,
+
+    /// The most memory one worker may take (e.g. 512MB, 2GB): past it, R's allocations fail with
+    /// "cannot allocate vector", that request gets an error and the worker serves on. It bounds
+    /// the worker's data (its heap), as the kernel counts it for RLIMIT_DATA. Unset: no limit.
+    #[arg(long = "memory-limit", env = "VALVE_MEMORY_LIMIT", value_name = "SIZE")]
+    pub memory_limit: Option<String>,
+
+    /// Where valve keeps what outlives a run (each app's private home). Default: /var/lib/valve as
+    /// root, else $XDG_STATE_HOME/valve (~/.local/state/valve).
+    #[arg(long = "state-dir", env = "VALVE_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// The uids valve gives apps without --run-as (as root).
+    #[arg(
+        long = "uid-range",
+        env = "VALVE_UID_RANGE",
+        default_value = "1900000000-1999999999",
+        value_name = "START-END"
+    )]
+    pub uid_range: String,
+
     /// Seconds a client gets to send a request's headers before it is cut off.
     #[arg(long = "header-timeout", env = "VALVE_HEADER_TIMEOUT", default_value = "30", value_name = "SECONDS")]
     pub header_timeout: String,
@@ -301,6 +329,12 @@ pub struct Args {
     /// their names in snake_case): they beat a config file's top level.
     #[arg(skip)]
     pub explicit: BTreeSet<String>,
+
+    /// What the kernel lets this valve do (measured by the worker module at
+    /// start, before the configuration is read): whether apps get users of
+    /// their own and a private view.
+    #[arg(skip)]
+    pub kernel: Kernel,
 }
 
 /// `valve COMMAND`: tasks beside serving. Without one, valve serves.
@@ -359,6 +393,12 @@ impl Args {
             h => h.to_string(),
         };
         Some(format!("http://{host}:{}/__valve__/healthz", self.port))
+    }
+
+    /// `--uid-range` as numbers (the default range if it does not parse: the
+    /// configuration check says so).
+    pub fn uid_range(&self) -> (u32, u32) {
+        parse_uid_range(&self.uid_range).unwrap_or(super::users::DEFAULT_UID_RANGE)
     }
 
     /// Whether JSON logs were asked for (known before the rest is checked, so
@@ -435,6 +475,8 @@ impl Args {
         if n_min > max {
             return Err(ConfigError::MinAboveBudget { n_min, max });
         }
+        // Whom every app runs as, the published ones among them (own uids are settled together).
+        self.settle(&mut config.apps)?;
         Ok(config)
     }
 
@@ -473,11 +515,13 @@ impl Args {
         self.check_pool_flags()?;
         let source = discover::resolve(&self.file, "-f/--file")?;
         let app = self.app(source.default_name(), "/".to_string(), source, self.preload)?;
-        let server = self.server(self.max_workers.unwrap_or(app.n_max.max(1)))?;
+        let server = self.server(self.max_workers.unwrap_or(app.n_max.max(1)), Vec::new())?;
         if app.n_min > server.max_workers {
             return Err(ConfigError::MinAboveBudget { n_min: app.n_min, max: server.max_workers });
         }
-        Ok(Config { server, apps: vec![app], notes: Vec::new() })
+        let mut apps = vec![app];
+        self.settle(&mut apps)?;
+        Ok(Config { server, apps, notes: Vec::new() })
     }
 
     /// `--site DIR`: each app folder at `/<folder>`, with the flags' settings.
@@ -497,11 +541,31 @@ impl Args {
         let n_min: usize = apps.iter().map(|a| a.n_min).sum();
         // At least one: static folders alone need no worker, but a budget is never 0.
         let n_max: usize = apps.iter().map(|a| a.n_max).sum();
-        let server = self.server(self.max_workers.unwrap_or(n_max.max(1)))?;
+        let server = self.server(self.max_workers.unwrap_or(n_max.max(1)), vec![dir.to_path_buf()])?;
         if n_min > server.max_workers {
             return Err(ConfigError::MinAboveBudget { n_min, max: server.max_workers });
         }
+        let mut apps = apps;
+        self.settle(&mut apps)?;
         Ok(Config { server, apps, notes })
+    }
+
+    /// Whom each app runs as, and whether that user can read it.
+    fn settle(&self, apps: &mut [AppConfig]) -> Result<(), ConfigError> {
+        let range =
+            parse_uid_range(&self.uid_range).map_err(|why| ConfigError::Isolation(format!("--uid-range {why}")))?;
+        let unfit = settle(apps, &self.kernel, range);
+        if unfit.is_empty() {
+            return Ok(());
+        }
+        let lines: Vec<String> = unfit
+            .into_iter()
+            .map(|(_, u)| match u {
+                Unfit::RunAs(m) => m.replace("run_as = ", "--run-as "),
+                Unfit::Folder(m) => m,
+            })
+            .collect();
+        Err(ConfigError::Isolation(lines.join("\n")))
     }
 
     /// One app with the flags' settings.
@@ -533,12 +597,28 @@ impl Args {
             start_timeout: parse_seconds("--start-timeout", &self.start_timeout, false)?,
             env: Vec::new(),
             allow: Default::default(),
+            run_as: RunAs::parse(self.run_as.as_deref().unwrap_or("")),
+            account: valves_own(&self.kernel),
+            memory_limit: self.memory_limit.as_deref().map(|v| parse_memory_limit("--memory-limit", v)).transpose()?,
             source,
         }
         .fit_to_source())
     }
 
-    fn server(&self, max_workers: usize) -> Result<Server, ConfigError> {
+    /// `--state-dir`, else where valve keeps state by default.
+    pub(super) fn state_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.state_dir {
+            return dir.clone();
+        }
+        if self.kernel.uid == 0 {
+            return PathBuf::from("/var/lib/valve");
+        }
+        let xdg = std::env::var_os("XDG_STATE_HOME").map(PathBuf::from).filter(|p| p.is_absolute());
+        let home = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state"));
+        xdg.or(home).unwrap_or_else(std::env::temp_dir).join("valve")
+    }
+
+    fn server(&self, max_workers: usize, mut private_paths: Vec<PathBuf>) -> Result<Server, ConfigError> {
         if max_workers == 0 {
             return Err(ConfigError::ZeroMax);
         }
@@ -563,6 +643,14 @@ impl Args {
             shiny_buffer_total,
             trust: self.trust()?,
             publish: self.publishing()?,
+            state_dir: {
+                let dir = self.state_dir();
+                private_paths.push(dir.clone());
+                dir
+            },
+            isolation: Isolation::from_kernel(&self.kernel),
+            valve_uid: self.kernel.uid,
+            private_paths,
         })
     }
 
@@ -627,6 +715,35 @@ pub(super) fn publishing(
         max_size,
         max_files: max_files.max(1),
     }))
+}
+
+/// The account an app has until its own is settled: valve's.
+pub(super) fn valves_own(kernel: &Kernel) -> Account {
+    Account {
+        uid: kernel.uid,
+        gid: kernel.gid,
+        groups: Vec::new(),
+        name: kernel.uid.to_string(),
+        home: None,
+        kind: AccountKind::Valve,
+    }
+}
+
+/// The least `memory_limit` valve accepts: R with plumber or Shiny loaded
+/// takes ~75MB of data before an app loads anything.
+pub(super) const MIN_MEMORY_LIMIT: u64 = 100 << 20;
+
+/// `--memory-limit` / `memory_limit`: a size of at least 100MB.
+pub(super) fn parse_memory_limit(flag: &'static str, value: &str) -> Result<u64, ConfigError> {
+    let n = parse_size(flag, value)?;
+    if n < MIN_MEMORY_LIMIT {
+        return Err(ConfigError::OutOfRange {
+            flag,
+            value: value.to_string(),
+            range: "100MB or more (R with plumber or Shiny loaded takes ~75MB before the app loads anything)",
+        });
+    }
+    Ok(n)
 }
 
 #[cfg(test)]

@@ -21,6 +21,8 @@ pub(super) const APP_KEYS: &[&str] = &[
     "r_bin",
     "start_timeout",
     "env",
+    "run_as",
+    "memory_limit",
 ];
 
 /// Who may use an app: in an `[[app]]` table (static ones too) and at the
@@ -61,6 +63,8 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "publish_versions",
     "publish_max_size",
     "publish_max_files",
+    "state_dir",
+    "uid_range",
 ];
 
 /// The flag a key stands for, for messages about flag values.
@@ -81,6 +85,7 @@ pub(super) fn flag_name(key: &str) -> &'static str {
         "shiny_buffer_total" => "--shiny-buffer-total",
         "auth_cache" => "--auth-cache",
         "publish_max_size" => "--publish-max-size",
+        "memory_limit" => "--memory-limit",
         _ => "a setting",
     }
 }

@@ -13,9 +13,12 @@
 //! checked `Config`, app names and prefixes, valve's own admin path),
 //! `problems` (a config file's
 //! problems with line and column), `keys` (the names of its settings),
-//! `site` (`--site`), `flags` (clap), `file` (the TOML reader), `source`
-//! (where a configuration comes from, for reloads), `publish` (publishing's
-//! settings, keys file and records, and the published apps as data).
+//! `users` (whom an app's R runs as: `run_as`, an app's own uid, what the
+//! kernel lets valve do), `settle` (accounts and readable folders, once
+//! every app is read), `site` (`--site`), `flags` (clap), `file` (the TOML
+//! reader), `source` (where a configuration comes from, for reloads),
+//! `publish` (publishing's settings, keys file and records, and the
+//! published apps as data).
 
 mod access;
 mod discover;
@@ -28,8 +31,10 @@ mod model;
 mod problems;
 pub mod publish;
 mod rmd;
+mod settle;
 mod site;
 mod source;
+mod users;
 
 pub use access::{Allow, AuthService, Cidr, Trust};
 pub use discover::{index_html, AppSource};
@@ -39,3 +44,4 @@ pub use model::{is_admin_path, normal_prefix, valid_name, AppConfig, Config, Ser
 pub use problems::{Problem, Problems};
 pub use rmd::{is_output_of_a_document, Runtime};
 pub use source::{LoadError, Source};
+pub use users::{blocked_ancestor, Account, AccountKind, Isolation, Kernel, RunAs, DEFAULT_UID_RANGE};

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::access::{Allow, Trust};
 use super::discover::AppSource;
 use super::publish::Publishing;
+use super::users::{Account, Isolation, RunAs};
 
 /// valve's own paths: never an app's, never forwarded to R.
 pub const ADMIN_PREFIX: &str = "/__valve__";
@@ -28,9 +29,11 @@ pub struct Config {
 
 impl Config {
     /// What a configuration that starts may still get wrong (`--check` and
-    /// the start-up log say it): apps nobody can use.
+    /// the start-up log say it): apps nobody can use, apps that share
+    /// valve's user or run as root, files only permissions hide.
     pub fn warnings(&self) -> Vec<String> {
-        self.apps
+        let mut out: Vec<String> = self
+            .apps
             .iter()
             .filter(|a| a.allow.names_nobody())
             .map(|a| {
@@ -39,7 +42,25 @@ impl Config {
                     a.name
                 )
             })
-            .collect()
+            .collect();
+        let r_apps = || self.apps.iter().filter(|a| !a.is_static());
+        for a in r_apps().filter(|a| a.account.kind == super::users::AccountKind::Root) {
+            out.push(format!(
+                "app `{}`: run_as = \"root\": its R runs as root and can read and change everything valve can, other apps included",
+                a.name
+            ));
+        }
+        match self.server.isolation {
+            Isolation::Shared if r_apps().next().is_some() => out.push(format!(
+                "valve runs as uid {} and cannot switch users (that needs root): every app's R runs as this same user, so apps can read each other's files, signal each other's workers and valve; run valve as root to give each app a user of its own",
+                self.server.valve_uid
+            )),
+            Isolation::Users if r_apps().next().is_some() => out.push(
+                "valve cannot make mount namespaces here (a container without CAP_SYS_ADMIN?): each app runs as a user of its own, but sees every file its user may read, so other apps' folders and the config file are hidden only by their permissions (chmod o-rwx them, or give valve CAP_SYS_ADMIN)".into(),
+            ),
+            _ => {}
+        }
+        out
     }
 }
 
@@ -83,6 +104,16 @@ pub struct Server {
     pub trust: Trust,
     /// Publishing (`publish_dir`), when on.
     pub publish: Option<Publishing>,
+    /// Where valve keeps what outlives a run: each app's private home.
+    pub state_dir: PathBuf,
+    /// What valve can give apps (own users, a private view), from what it
+    /// runs as and what the kernel allows.
+    pub isolation: Isolation,
+    /// valve's own uid, for messages.
+    pub valve_uid: u32,
+    /// Files and folders of valve's own that no app sees (the config file,
+    /// the site folder, the state directory).
+    pub private_paths: Vec<PathBuf>,
 }
 
 /// How valve reaches a plumber worker.
@@ -133,6 +164,12 @@ pub struct AppConfig {
     /// Who may use it (`allow_users`, `allow_groups`); applied to new
     /// requests at once on reload, without a new generation.
     pub allow: Allow,
+    /// `run_as` as written.
+    pub run_as: RunAs,
+    /// Whom its R runs as, resolved.
+    pub account: Account,
+    /// The most memory one of its workers may take (RLIMIT_DATA), in bytes.
+    pub memory_limit: Option<u64>,
 }
 
 impl AppConfig {
@@ -143,6 +180,15 @@ impl AppConfig {
     /// Static content: valve serves its files, no R worker ever starts.
     pub fn is_static(&self) -> bool {
         self.source.static_root().is_some()
+    }
+
+    /// The folder that holds the app: what its workers must see (a saved
+    /// router's folder, not the working directory it runs in).
+    pub fn folder(&self) -> PathBuf {
+        match &self.source {
+            AppSource::PlumberRds(p) => p.parent().unwrap_or(std::path::Path::new("/")).to_path_buf(),
+            s => s.workdir(),
+        }
     }
 
     /// Whether `other` needs a new generation of workers to serve: any

@@ -13,7 +13,6 @@
 use std::future::Future;
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -24,7 +23,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Empty, Full};
 
-use crate::worker::WireBody;
+use crate::worker::{SpoolDir, WireBody};
 
 /// The largest body held in memory; larger ones are spooled to a file.
 pub const MEMORY_UP_TO: usize = 1 << 20;
@@ -149,12 +148,13 @@ pub enum Contents {
 }
 
 /// Reads `body` whole: at most `limit` bytes, failing if nothing arrives for
-/// `idle` (a stalled client), spooling to `spool` (a directory) past memory.
+/// `idle` (a stalled client), spooling to `spool` (a directory, and who must
+/// own the file: the app's user, whose worker reads it) past memory.
 pub async fn read_whole<B>(
     mut body: B,
     limit: Option<u64>,
     idle: Option<Duration>,
-    spool: &Path,
+    spool: &SpoolDir,
 ) -> Result<Payload, ReadError>
 where
     B: Body<Data = Bytes> + Unpin,
@@ -224,8 +224,12 @@ struct SpoolWriter {
 }
 
 impl SpoolWriter {
-    fn new(dir: &Path) -> Result<Self, ReadError> {
-        let (file, path) = tempfile::NamedTempFile::new_in(dir).map_err(ReadError::Spool)?.into_parts();
+    fn new(spool: &SpoolDir) -> Result<Self, ReadError> {
+        let (file, path) = tempfile::NamedTempFile::new_in(&spool.dir).map_err(ReadError::Spool)?.into_parts();
+        if let Some((uid, gid)) = spool.owner {
+            rustix::fs::fchown(&file, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))
+                .map_err(|e| ReadError::Spool(e.into()))?;
+        }
         Ok(SpoolWriter { file: Some(file), path: Some(path), pending: BytesMut::new() })
     }
 
@@ -331,18 +335,22 @@ mod tests {
         http_body_util::StreamBody::new(futures::stream::iter(frames))
     }
 
+    fn spool(dir: &tempfile::TempDir) -> SpoolDir {
+        SpoolDir { dir: dir.path().to_path_buf(), owner: None }
+    }
+
     #[tokio::test]
     async fn small_bodies_stay_in_memory_large_ones_spool_and_read_back_whole() {
         let dir = tempfile::tempdir().unwrap();
-        let small = read_whole(chunks(4, 1000), Some(1 << 30), None, dir.path()).await.unwrap();
+        let small = read_whole(chunks(4, 1000), Some(1 << 30), None, &spool(&dir)).await.unwrap();
         assert_eq!((small.len(), small.spooled()), (4000, false));
-        let big = read_whole(chunks(40, 100_000), Some(1 << 30), None, dir.path()).await.unwrap();
+        let big = read_whole(chunks(40, 100_000), Some(1 << 30), None, &spool(&dir)).await.unwrap();
         assert_eq!((big.len(), big.spooled()), (4_000_000, true));
         for _ in 0..2 {
             let back = big.wire().collect().await.unwrap().to_bytes();
             assert_eq!(back.len(), 4_000_000, "a spooled body can be sent again");
         }
-        let err = read_whole(chunks(10, 1000), Some(5000), None, dir.path()).await.unwrap_err();
+        let err = read_whole(chunks(10, 1000), Some(5000), None, &spool(&dir)).await.unwrap_err();
         assert!(matches!(err, ReadError::TooLarge(5000)));
     }
 }

@@ -49,7 +49,7 @@ use super::router::Mounted;
 use crate::app::verdict::{after_exchange, Asked, Fate, Hold, Next, Outcome};
 use crate::app::{Lease, Sticky, Supervisor, Unavailable, WorkerId};
 use crate::metrics::Rejection;
-use crate::worker::{AnswerBody, Exit, SendError, WireBody};
+use crate::worker::{AnswerBody, Exit, SendError, SpoolDir, WireBody};
 
 /// The methods plumber routes and httpuv parses; anything else is answered here.
 const METHODS: [Method; 7] =
@@ -77,8 +77,9 @@ pub struct Served {
 
 /// What every forwarded request shares.
 pub struct Forwarder {
-    /// Where bodies too big for memory are spooled (valve's private run directory).
-    spool: PathBuf,
+    /// Where bodies too big for memory are spooled (valve's private run
+    /// directory; an app's request bodies go to its own run folder).
+    spool: SpoolDir,
     /// The longest a client may stay silent while sending a body.
     client_timeout: Duration,
     /// Keys the sticky cookie's check, so a browser cannot name a worker it was not given.
@@ -173,7 +174,7 @@ impl Forwarder {
     pub fn new(spool: PathBuf, client_timeout: Duration, bounds: resume::Bounds) -> Self {
         let (sessions, close_sessions) = (TaskTracker::new(), CancellationToken::new());
         Forwarder {
-            spool,
+            spool: SpoolDir { dir: spool, owner: None },
             client_timeout,
             cookie_key: crate::mac::Key::random(),
             browsers: std::sync::atomic::AtomicU64::new(1),
@@ -240,7 +241,14 @@ impl Forwarder {
         let payload = if websocket || body.is_end_stream() {
             Payload::empty()
         } else {
-            match read_whole(body, Some(cfg.max_body_size), Some(self.client_timeout), &self.spool).await {
+            match read_whole(
+                body,
+                Some(cfg.max_body_size),
+                Some(self.client_timeout),
+                app.sup.settings.spool.as_ref().unwrap_or(&self.spool),
+            )
+            .await
+            {
                 Ok(p) => p,
                 Err(ReadError::TooLarge(limit)) => {
                     metrics.reject(Rejection::BodyTooLarge);

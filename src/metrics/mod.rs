@@ -214,6 +214,10 @@ pub struct AppMetrics {
     /// Resumable Shiny sessions (issue 29).
     pub reconnects: Reconnects,
     memory: Mutex<BTreeMap<WorkerId, u64>>,
+    /// The app's `memory_limit` per worker, in bytes (0: none).
+    memory_limit: AtomicU64,
+    /// Allocations R refused a worker of the app (its memory_limit reached).
+    memory_limit_errors: AtomicU64,
     /// Requests each worker holds waiting on promises (workers that ever held one).
     pending: Mutex<BTreeMap<WorkerId, usize>>,
     history: Mutex<History>,
@@ -223,7 +227,37 @@ fn method_index(m: &Method) -> usize {
     METHODS[..METHODS.len() - 1].iter().position(|n| *n == m.as_str()).unwrap_or(METHODS.len() - 1)
 }
 
+/// R's words when an allocation fails (`cannot allocate vector of size
+/// 3.0 Gb`, `cannot allocate memory block of size ...`).
+const ALLOCATION_FAILED: [&str; 2] = ["cannot allocate vector of size", "cannot allocate memory block of size"];
+
+impl crate::worker::Tap for AppMetrics {
+    fn line(&self, worker: WorkerId, line: &str) {
+        let limit = self.memory_limit();
+        if limit == 0 || !ALLOCATION_FAILED.iter().any(|m| line.contains(m)) {
+            return;
+        }
+        self.memory_limit_errors.fetch_add(1, Relaxed);
+        tracing::warn!(app = %self.name, worker, memory_limit = limit,
+            "a worker reached the app's memory_limit: R could not allocate memory, and the request that asked got an error");
+    }
+}
+
 impl AppMetrics {
+    /// The app's `memory_limit` (0: none), for the metrics and the status.
+    pub fn set_memory_limit(&self, bytes: Option<u64>) {
+        self.memory_limit.store(bytes.unwrap_or(0), Relaxed);
+    }
+
+    pub fn memory_limit(&self) -> u64 {
+        self.memory_limit.load(Relaxed)
+    }
+
+    /// How often R could not allocate past the app's memory_limit.
+    pub fn memory_limit_errors(&self) -> u64 {
+        self.memory_limit_errors.load(Relaxed)
+    }
+
     pub fn new(name: &str) -> Self {
         AppMetrics {
             name: name.to_string(),
@@ -236,6 +270,8 @@ impl AppMetrics {
             sessions_opened: AtomicU64::new(0),
             reconnects: Reconnects::new(),
             memory: Mutex::new(BTreeMap::new()),
+            memory_limit: AtomicU64::new(0),
+            memory_limit_errors: AtomicU64::new(0),
             pending: Mutex::new(BTreeMap::new()),
             history: Mutex::new(History {
                 points: VecDeque::with_capacity(HISTORY),
@@ -443,6 +479,25 @@ impl Registry {
             for (id, bytes) in a.memory.lock().unwrap_or_else(|p| p.into_inner()).iter() {
                 let _ = writeln!(out, "valve_worker_memory_bytes{{app=\"{}\",worker=\"{id}\"}} {bytes}", a.name);
             }
+        }
+        header(
+            &mut out,
+            "valve_memory_limit_bytes",
+            "gauge",
+            "The most memory one worker of the app may take (memory_limit).",
+        );
+        for a in apps.iter().filter(|a| a.memory_limit() > 0) {
+            let _ = writeln!(out, "valve_memory_limit_bytes{{app=\"{}\"}} {}", a.name, a.memory_limit());
+        }
+        header(
+            &mut out,
+            "valve_memory_limit_errors_total",
+            "counter",
+            "Allocations R could not make in a worker held to memory_limit (its request got an error).",
+        );
+        for a in apps.iter().filter(|a| a.memory_limit() > 0) {
+            let n = a.memory_limit_errors.load(Relaxed);
+            let _ = writeln!(out, "valve_memory_limit_errors_total{{app=\"{}\"}} {n}", a.name);
         }
         header(
             &mut out,

@@ -200,6 +200,50 @@ impl Connect for TcpConnector {
     }
 }
 
+/// An engine's worker (`_server.yml`): its own HTTP server on the Unix
+/// socket valve gave it (the launcher turns httpuv's `startServer(host,
+/// port)` into a pipe server there, which only valve and the worker can
+/// reach), or, for an engine that opens its own TCP server, the loopback port
+/// valve picked. Whichever answers first is used for the worker's life.
+pub struct EngineConnector {
+    socket: PathBuf,
+    tcp: TcpConnector,
+    /// 0: not known yet, 1: the socket, 2: the TCP port.
+    serves_on: std::sync::atomic::AtomicU8,
+}
+
+impl EngineConnector {
+    pub fn new(socket: PathBuf, addr: SocketAddr) -> Self {
+        EngineConnector { socket, tcp: TcpConnector::new(addr), serves_on: std::sync::atomic::AtomicU8::new(0) }
+    }
+}
+
+impl Connect for EngineConnector {
+    fn connect(&self, upgradable: bool) -> BoxFuture<'_, io::Result<Conn>> {
+        Box::pin(async move {
+            match self.serves_on.load(Ordering::Relaxed) {
+                1 => return Ok(connect(&self.socket, upgradable).await?.once()),
+                2 => return self.tcp.connect(upgradable).await,
+                _ => {}
+            }
+            if let Ok(conn) = connect(&self.socket, upgradable).await {
+                self.serves_on.store(1, Ordering::Relaxed);
+                return Ok(conn.once());
+            }
+            let conn = self.tcp.connect(upgradable).await?;
+            if self.serves_on.swap(2, Ordering::Relaxed) != 2 {
+                tracing::warn!(addr = %self.tcp.addr,
+                    "this engine opens its own TCP server (not httpuv's): any local process can reach it on its loopback port");
+            }
+            Ok(conn)
+        })
+    }
+
+    fn listens_on(&self) -> Option<(SocketAddr, bool)> {
+        (self.serves_on.load(Ordering::Relaxed) != 1).then(|| self.tcp.listens_on()).flatten()
+    }
+}
+
 /// A worker's Unix socket.
 pub struct SocketConnector {
     path: PathBuf,

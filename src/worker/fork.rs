@@ -94,7 +94,7 @@ impl ForkServer {
         }
         let Some(parent) = guard.as_mut() else { unreachable!("the parent was just started") };
 
-        let fifo = spec.path(&format!("w{id}.out"));
+        let fifo = spec.app_run_dir().join(format!("w{id}.out"));
         let _ = std::fs::remove_file(&fifo);
         rustix::fs::mknodat(
             rustix::fs::CWD,
@@ -104,9 +104,14 @@ impl ForkServer {
             0,
         )
         .map_err(io::Error::from)?;
+        if let Some((uid, gid)) = spec.owner() {
+            // The fork runs as the app's user: the FIFO is its to write.
+            rustix::fs::chown(&fifo, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))
+                .map_err(io::Error::from)?;
+        }
         // Opened read-write so that it never reads end-of-file before the fork opens it.
         let output = tokio::net::unix::pipe::OpenOptions::new().read_write(true).open_receiver(&fifo)?;
-        let tail = Arc::new(Tail::default());
+        let tail = Arc::new(Tail::tapped(spec.tap.clone(), id));
         let (pid_tx, pid_rx) = oneshot::channel();
         let said_exit = Arc::new(StdMutex::new(None));
         tokio::spawn(fork_output(output, id, tail.clone(), pid_tx, said_exit.clone()));
@@ -242,7 +247,7 @@ impl Process for Fork {
 }
 
 async fn start_parent(spec: &Spec, spawner: &Spawner) -> Result<Parent, StartError> {
-    let mut cmd = spec.command("preload");
+    let mut cmd = spec.command("preload")?;
     cmd.env("VALVE_PID", std::process::id().to_string())
         .env("VALVE_START_TIME", own_start_time().unwrap_or_default())
         .stdin(Stdio::piped());

@@ -51,12 +51,52 @@ local({
     }
     quit(save = "no", status = 0)
   }
+  # A Unix socket has no peer address: valve names the client in two headers
+  # (X-Valve-Remote-Addr, -Port; it removes any a client sent), which become
+  # the Rook environment's REMOTE_ADDR and REMOTE_PORT, as on a TCP server.
+  client_from_valve <- function(req) {
+    addr <- req[["HTTP_X_VALVE_REMOTE_ADDR"]]
+    if (!is.null(addr)) {
+      port <- req[["HTTP_X_VALVE_REMOTE_PORT"]]
+      assign("REMOTE_ADDR", addr, envir = req)
+      assign("REMOTE_PORT", if (is.null(port)) "" else port, envir = req)
+      rm("HTTP_X_VALVE_REMOTE_ADDR", envir = req)
+      if (!is.null(port)) rm("HTTP_X_VALVE_REMOTE_PORT", envir = req)
+    }
+    req
+  }
+  # The same httpuv app (its static paths too), each hook seeing the client.
+  with_client <- function(app) {
+    out <- app
+    if (is.function(app$call)) out$call <- function(req) app$call(client_from_valve(req))
+    if (is.function(app$onHeaders)) out$onHeaders <- function(req) app$onHeaders(client_from_valve(req))
+    if (is.function(app$onWSOpen)) out$onWSOpen <- function(ws) {
+      client_from_valve(ws$request)
+      app$onWSOpen(ws)
+    }
+    out
+  }
+
   # A _server.yml app: the engine named in it serves the folder, as the
   # convention (plumber2's vignette "_server.yml") has a host do it, on the
   # loopback port valve picked. It needs nothing of valve's R side.
   if (identical(app_kind, "server-yml")) {
     engine <- Sys.getenv("VALVE_ENGINE")
     settings <- Sys.getenv("VALVE_SETTINGS")
+    # httpuv's startServer(host, port) serves on this worker's private Unix
+    # socket instead, which only valve and this worker can reach (a loopback
+    # port any local process could). Done before the engine loads, so that
+    # it imports the replacement.
+    socket <- Sys.getenv("VALVE_SOCKET")
+    if (nzchar(socket) && requireNamespace("httpuv", quietly = TRUE)) {
+      httpuv_ns <- asNamespace("httpuv")
+      start_pipe <- get("startPipeServer", envir = httpuv_ns)
+      unlockBinding("startServer", httpuv_ns)
+      assign("startServer", envir = httpuv_ns, function(host, port, app, quiet = FALSE) {
+        start_pipe(socket, strtoi("077", 8L), with_client(app))
+      })
+      lockBinding("startServer", httpuv_ns)
+    }
     if (!requireNamespace(engine, quietly = TRUE)) {
       fail(3, "the engine package '", engine, "' named in ", settings, " is not installed for R ",
            as.character(getRversion()), " (library paths: ", paste(.libPaths(), collapse = ", "),
@@ -185,9 +225,22 @@ local({
   # in a new environment whose parent is the global one). A folder valve
   # cannot write to keeps the HTML it holds, as rmarkdown::run() does, and so
   # does RMARKDOWN_RUN_PRERENDER=0 (the HTML was rendered beforehand).
+  # Where a prerendered document's HTML is: beside it (as rmarkdown::run()
+  # writes it) when its folder is writable or already holds it; else, when
+  # the app runs as a user of its own that cannot write there, in its private
+  # render folder VALVE_RENDER_DIR, which valve made for this generation.
+  render_dir <- function() {
+    html <- file.path(dirname(app_path), paste0(tools::file_path_sans_ext(basename(app_path)), ".html"))
+    out <- Sys.getenv("VALVE_RENDER_DIR")
+    beside <- file.access(dirname(app_path), 2) == 0 || file.exists(html) || !nzchar(out)
+    if (beside) NULL else out
+  }
+
   if (identical(mode, "render")) {
     html <- file.path(dirname(app_path), paste0(tools::file_path_sans_ext(basename(app_path)), ".html"))
-    keep <- identical(Sys.getenv("RMARKDOWN_RUN_PRERENDER"), "0") || file.access(dirname(app_path), 2) != 0
+    elsewhere <- render_dir()
+    keep <- identical(Sys.getenv("RMARKDOWN_RUN_PRERENDER"), "0") ||
+      (is.null(elsewhere) && file.access(dirname(app_path), 2) != 0)
     if (keep) {
       if (!file.exists(html)) {
         fail(5, "valve-render-failed: ", html, " does not exist and cannot be rendered here (",
@@ -211,7 +264,14 @@ local({
     where <- NULL
     rendered <- tryCatch(
       withCallingHandlers(
-        rmarkdown::render(app_path, envir = new.env(parent = globalenv()), quiet = TRUE),
+        if (is.null(elsewhere)) {
+          rmarkdown::render(app_path, envir = new.env(parent = globalenv()), quiet = TRUE)
+        } else {
+          # The folder is not the app's to write: the HTML goes to its render
+          # folder, knitr's intermediate files to its temporary folder.
+          rmarkdown::render(app_path, envir = new.env(parent = globalenv()), quiet = TRUE,
+                            output_dir = elsewhere, intermediates_dir = tempdir(), knit_root_dir = dirname(app_path))
+        },
         message = function(m) {
           # knitr says which chunk failed as a message before the error.
           if (grepl("^Quitting from lines", conditionMessage(m))) where <<- trimws(conditionMessage(m))
@@ -224,32 +284,6 @@ local({
     )
     cat("valve-render: rendered ", rendered, "\n", sep = "")
     quit(save = "no", status = 0)
-  }
-
-  # A Unix socket has no peer address: valve names the client in two headers
-  # (X-Valve-Remote-Addr, -Port; it removes any a client sent), which become
-  # the Rook environment's REMOTE_ADDR and REMOTE_PORT, as on a TCP server.
-  client_from_valve <- function(req) {
-    addr <- req[["HTTP_X_VALVE_REMOTE_ADDR"]]
-    if (!is.null(addr)) {
-      port <- req[["HTTP_X_VALVE_REMOTE_PORT"]]
-      assign("REMOTE_ADDR", addr, envir = req)
-      assign("REMOTE_PORT", if (is.null(port)) "" else port, envir = req)
-      rm("HTTP_X_VALVE_REMOTE_ADDR", envir = req)
-      if (!is.null(port)) rm("HTTP_X_VALVE_REMOTE_PORT", envir = req)
-    }
-    req
-  }
-  # The same httpuv app (its static paths too), each hook seeing the client.
-  with_client <- function(app) {
-    out <- app
-    if (is.function(app$call)) out$call <- function(req) app$call(client_from_valve(req))
-    if (is.function(app$onHeaders)) out$onHeaders <- function(req) app$onHeaders(client_from_valve(req))
-    if (is.function(app$onWSOpen)) out$onWSOpen <- function(ws) {
-      client_from_valve(ws$request)
-      app$onWSOpen(ws)
-    }
-    out
   }
 
   if (shiny) {
@@ -286,9 +320,11 @@ local({
       # passed through to shiny::runApp(). A prerendered document was rendered
       # by valve already: rmarkdown must not render it again in each worker.
       if (app_kind %in% c("shiny-prerendered", "quarto-shiny")) Sys.setenv(RMARKDOWN_RUN_PRERENDER = "0")
+      render_args <- list(envir = globalenv())
+      if (app_kind == "shiny-prerendered") render_args$output_dir <- render_dir()
       rmarkdown::run(file = NULL, dir = dirname(app_path), default_file = basename(app_path),
                      shiny_args = list(port = socket, launch.browser = FALSE, quiet = TRUE),
-                     render_args = list(envir = globalenv()), auto_reload = FALSE)
+                     render_args = render_args, auto_reload = FALSE)
     } else {
       shiny::runApp(app_path, port = socket, launch.browser = FALSE, quiet = TRUE)
     }

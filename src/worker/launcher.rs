@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
-use super::conn::{Connect, SocketConnector, TcpConnector};
+use super::conn::{Connect, EngineConnector, SocketConnector};
 use super::fork;
 use super::output::{self, Tail};
 use super::process::{Launch, Launched, Process, StartError};
@@ -34,8 +34,11 @@ pub struct RLauncher {
 
 impl RLauncher {
     /// Must be called inside the tokio runtime that will own the workers.
-    pub fn new(spec: Spec, preload: bool) -> io::Result<Self> {
+    pub fn new(mut spec: Spec, preload: bool) -> io::Result<Self> {
         let preload = preload && spec.app.preloadable();
+        if spec.app.prerendered() {
+            spec.make_render_dir()?;
+        }
         Ok(RLauncher {
             spec: Arc::new(spec),
             spawner: Spawner::new()?,
@@ -60,14 +63,16 @@ impl Launch for RLauncher {
             };
             // A frames worker's hello is expected before the worker can say it.
             let connector: Arc<dyn Connect> = match (&self.spec.frames, engine_port) {
-                (_, Some(port)) => Arc::new(TcpConnector::new(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))),
+                (_, Some(port)) => {
+                    Arc::new(EngineConnector::new(socket.clone(), SocketAddr::from((Ipv4Addr::LOCALHOST, port))))
+                }
                 (Some(hub), None) => Arc::new(hub.connector(id)),
                 (None, None) => Arc::new(SocketConnector::new(socket.clone())),
             };
             let process: Box<dyn Process> = match &self.forks {
                 Some(forks) => Box::new(forks.fork(&self.spec, &self.spawner, id, socket).await?),
                 None => {
-                    let mut cmd = self.spec.command("plain");
+                    let mut cmd = self.spec.command("plain")?;
                     cmd.env("VALVE_SOCKET", &socket).env("VALVE_WORKER_ID", id.to_string()).stdin(Stdio::null());
                     if let Some(token) = self.spec.frame_token(id) {
                         cmd.env("VALVE_FRAME_TOKEN", token);
@@ -78,7 +83,7 @@ impl Launch for RLauncher {
                     }
                     let (mut child, own) = self.spawner.spawn(&self.spec.r_bin, cmd).await?;
                     let pid = child.id().ok_or_else(|| io::Error::other("worker exited at once"))?;
-                    let tail = Arc::new(Tail::default());
+                    let tail = Arc::new(Tail::tapped(self.spec.tap.clone(), id));
                     output::forward(&mut child, id, tail.clone());
                     tracing::debug!(worker = id, pid, "worker launched");
                     Box::new(Plain::new(child, own, pid, tail)?)
@@ -107,6 +112,9 @@ impl Launch for RLauncher {
             self.stop.cancel();
             if let Some(forks) = &self.forks {
                 forks.shutdown().await;
+            }
+            if let Some(dir) = self.spec.render_dir.clone() {
+                let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
             }
         })
     }

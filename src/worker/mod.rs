@@ -32,16 +32,19 @@ pub mod packages;
 mod process;
 pub mod reap;
 mod render;
+pub mod sandbox;
 mod spawn;
 pub mod watch;
 mod wire;
 
-pub use conn::{connect, probe, Conn, Connect, SocketConnector, TcpConnector, CLIENT_ADDR, CLIENT_PORT};
+pub use conn::{
+    connect, probe, Conn, Connect, EngineConnector, SocketConnector, TcpConnector, CLIENT_ADDR, CLIENT_PORT,
+};
 pub use frames::FrameHub;
 pub use launcher::{NoWorkers, RLauncher};
-pub use output::Tail;
+pub use output::{Tail, Tap};
 pub use process::{
     cpu_time, private_bytes, rss_bytes, Exit, Launch, Launched, MemoryProbe, Process, RenderError, StartError, Stop,
 };
 pub use spawn::{run_dir, Spec};
-pub use wire::{AnswerBody, BoxFuture, ClientAddrs, Park, Parking, SendError, Spooled, WireBody, WorkerId};
+pub use wire::{AnswerBody, BoxFuture, ClientAddrs, Park, Parking, SendError, SpoolDir, Spooled, WireBody, WorkerId};

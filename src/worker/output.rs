@@ -16,12 +16,33 @@ const TAIL_LINES: usize = 40;
 /// The longest line logged whole; the rest of a longer one is dropped and counted.
 pub const MAX_LINE: usize = 16 * 1024;
 
-/// The last lines a worker printed, kept to explain why it failed.
+/// Sees every line a worker prints, beside the log (the app's metrics count
+/// R's failed allocations in it).
+pub trait Tap: Send + Sync {
+    fn line(&self, worker: WorkerId, line: &str);
+}
+
+/// The last lines a worker printed, kept to explain why it failed, and
+/// whatever taps its lines.
 #[derive(Debug, Default)]
-pub struct Tail(Mutex<VecDeque<String>>);
+pub struct Tail(Mutex<VecDeque<String>>, Option<(std::sync::Arc<dyn Tap>, WorkerId)>);
+
+impl std::fmt::Debug for dyn Tap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tap")
+    }
+}
 
 impl Tail {
+    /// A worker's tail whose lines `tap` sees too.
+    pub fn tapped(tap: Option<std::sync::Arc<dyn Tap>>, worker: WorkerId) -> Tail {
+        Tail(Mutex::new(VecDeque::new()), tap.map(|t| (t, worker)))
+    }
+
     pub fn push(&self, line: String) {
+        if let Some((tap, worker)) = &self.1 {
+            tap.line(*worker, &line);
+        }
         let mut lines = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if lines.len() == TAIL_LINES {
             lines.pop_front();

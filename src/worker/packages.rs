@@ -27,7 +27,8 @@ pub struct Installed {
 /// Asks the R of `spec` for the versions of `names`, within `timeout`.
 pub async fn installed(spec: &Spec, names: &[String], timeout: Duration) -> Result<Installed, StartError> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let list = spec.path(&format!("packages-{}.txt", NEXT.fetch_add(1, Ordering::Relaxed)));
+    // In the app's own run folder: the only part of valve's run directory its R sees.
+    let list = spec.app_run_dir().join(format!("packages-{}.txt", NEXT.fetch_add(1, Ordering::Relaxed)));
     std::fs::write(&list, names.join("\n")).map_err(StartError::Io)?;
     let result = ask(spec, &list, timeout).await;
     let _ = std::fs::remove_file(&list);
@@ -36,7 +37,7 @@ pub async fn installed(spec: &Spec, names: &[String], timeout: Duration) -> Resu
 
 async fn ask(spec: &Spec, list: &std::path::Path, timeout: Duration) -> Result<Installed, StartError> {
     let spawner = Spawner::new().map_err(StartError::Io)?;
-    let mut cmd = spec.command("packages");
+    let mut cmd = spec.command("packages").map_err(StartError::Io)?;
     cmd.env("VALVE_PACKAGES", list).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let (child, _own) = spawner.spawn(&spec.r_bin, cmd).await?;
     let pid = child.id().unwrap_or_default();

@@ -83,6 +83,8 @@ pub enum StartError {
     NoQuarto { doc: String, path: String },
     #[error("cannot start worker: {0}")]
     Io(#[from] io::Error),
+    #[error("cannot put the worker in its sandbox: {step} failed: {error} (a private view needs valve to run as root with CAP_SYS_ADMIN; `valve --check` says what valve can give apps here)")]
+    Sandbox { step: String, error: io::Error },
     #[error("rendering {} failed: {}", .0.doc, .0.message)]
     Render(Box<RenderError>),
 }

@@ -60,7 +60,7 @@ pub(super) async fn prerender(spec: &Spec, spawner: &Spawner, stop: &Cancellatio
     };
     tracing::info!(doc = %doc, "rendering the shiny_prerendered document once, before its workers start");
     let started = Instant::now();
-    let mut cmd = spec.command("render");
+    let mut cmd = spec.command("render").map_err(|e| Failed::new(e.to_string()))?;
     cmd.stdin(Stdio::null());
     if spec.app.quarto() {
         let quarto = quarto_binary().map_err(|path| Failed::new(format!("quarto is not on the PATH ({path})")))?;

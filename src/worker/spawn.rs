@@ -22,6 +22,7 @@ use super::frames::FrameHub;
 use super::output::Tail;
 use super::process::{pid_of, pidfd_open, signal, Exit, MemoryProbe, Process, StartError, Stop};
 use super::reap;
+use super::sandbox::{self, Prepared, Sandbox};
 use super::wire::{BoxFuture, WorkerId};
 use crate::config::AppSource;
 
@@ -69,15 +70,64 @@ pub struct Spec {
     launcher: PathBuf,
     /// Set when plumber workers are reached over frames (else httpuv).
     pub(super) frames: Option<Arc<FrameHub>>,
+    /// Whom the app's workers run as, what they see and may take.
+    sandbox: Option<(Arc<Sandbox>, Arc<Prepared>)>,
+    /// A prerendered document's HTML, when its folder is not its user's to
+    /// write: this generation's own folder (`VALVE_RENDER_DIR`).
+    pub(super) render_dir: Option<PathBuf>,
+    /// Sees every line the app's workers print.
+    pub tap: Option<Arc<dyn super::output::Tap>>,
 }
 
-/// valve's private run directory (mode 0700): launchers, worker sockets, FIFOs
-/// and spooled bodies. Removed when the last holder drops it.
+/// valve's private run directory (mode 0711: passable, not listable):
+/// `lib/` the launcher workers read, `apps/NAME/` each app's sockets, FIFOs
+/// and spooled bodies and `tmp/NAME/` its temporary folder (each 0700, the
+/// app's user's), valve's own spooled answers. Removed when the last holder
+/// drops it.
 pub fn run_dir() -> io::Result<Arc<tempfile::TempDir>> {
+    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::Builder::new().prefix("valve-").tempdir()?;
-    std::fs::write(dir.path().join("launcher.R"), LAUNCHER)?;
-    std::fs::write(dir.path().join("loop.R"), LOOP)?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))?;
+    let lib = sandbox::lib_dir(dir.path());
+    std::fs::create_dir(&lib)?;
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o755))?;
+    for (name, text) in [("launcher.R", LAUNCHER), ("loop.R", LOOP)] {
+        std::fs::write(lib.join(name), text)?;
+        std::fs::set_permissions(lib.join(name), std::fs::Permissions::from_mode(0o644))?;
+    }
     Ok(Arc::new(dir))
+}
+
+/// A command to start R, with what reports which step of entering the
+/// sandbox failed (the child can only say a number).
+pub(super) struct Launchable {
+    pub cmd: Command,
+    report: Option<(OwnedFd, Arc<Prepared>)>,
+}
+
+impl std::ops::Deref for Launchable {
+    type Target = Command;
+    fn deref(&self) -> &Command {
+        &self.cmd
+    }
+}
+
+impl std::ops::DerefMut for Launchable {
+    fn deref_mut(&mut self) -> &mut Command {
+        &mut self.cmd
+    }
+}
+
+impl Launchable {
+    /// The step that failed in the child, if one did.
+    fn failed_step(&self) -> Option<String> {
+        let (read, prepared) = self.report.as_ref()?;
+        let mut n = [0u8; 4];
+        match rustix::io::read(read, &mut n) {
+            Ok(4) => prepared.step_name(u32::from_le_bytes(n) as usize).map(str::to_string),
+            _ => None,
+        }
+    }
 }
 
 impl Spec {
@@ -89,7 +139,7 @@ impl Spec {
         public_host: String,
         public_port: u16,
     ) -> Self {
-        let launcher = run_dir.path().join("launcher.R");
+        let launcher = sandbox::lib_dir(run_dir.path()).join("launcher.R");
         Spec {
             r_bin,
             app,
@@ -100,7 +150,43 @@ impl Spec {
             run_dir,
             launcher,
             frames: None,
+            sandbox: None,
+            render_dir: None,
+            tap: None,
         }
+    }
+
+    /// The app's workers enter `sandbox` (its steps computed now, once).
+    pub fn sandboxed(mut self, sandbox: Sandbox) -> io::Result<Self> {
+        let prepared = sandbox.prepare()?;
+        self.sandbox = Some((Arc::new(sandbox), prepared));
+        Ok(self)
+    }
+
+    /// The app's run folder: its workers' sockets, FIFOs and spooled bodies.
+    pub fn app_run_dir(&self) -> PathBuf {
+        match &self.sandbox {
+            Some((s, _)) => s.run.clone(),
+            None => self.run_dir.path().to_path_buf(),
+        }
+    }
+
+    /// A folder for this generation's render, the app's user's (when it has
+    /// one of its own: else the document renders beside itself, as before).
+    pub(super) fn make_render_dir(&mut self) -> io::Result<()> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let Some((uid, gid)) = self.owner() else { return Ok(()) };
+        let dir = self.app_run_dir().join(format!("render-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
+        std::fs::create_dir_all(&dir)?;
+        rustix::fs::chown(&dir, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))?;
+        self.render_dir = Some(dir);
+        Ok(())
+    }
+
+    /// Who owns what valve makes for the app's workers (a FIFO), when they switch users.
+    pub(super) fn owner(&self) -> Option<(u32, u32)> {
+        self.sandbox.as_ref().and_then(|(s, _)| s.owner())
     }
 
     /// Workers of this app are reached over frames through `hub` (plumber
@@ -112,25 +198,28 @@ impl Spec {
         self
     }
 
-    pub(super) fn path(&self, name: &str) -> PathBuf {
-        self.run_dir.path().join(name)
-    }
-
-    /// `R --file=launcher.R` with the environment every launcher mode reads.
-    pub(super) fn command(&self, mode: &str) -> Command {
+    /// `R --file=launcher.R` with the environment every launcher mode reads,
+    /// entering the app's sandbox between fork and exec.
+    pub(super) fn command(&self, mode: &str) -> io::Result<Launchable> {
         let mut cmd = Command::new(&self.r_bin);
+        if let Some((sandbox, _)) = &self.sandbox {
+            for k in sandbox.env_removed() {
+                cmd.env_remove(k);
+            }
+        }
         cmd.arg("--no-echo")
             .arg("--no-restore")
             .arg("--no-save")
             .arg(format!("--file={}", self.launcher.display()))
             .current_dir(self.app.workdir())
             .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(self.sandbox.iter().flat_map(|(s, _)| s.env()))
             .env("VALVE_MODE", mode)
             .env("VALVE_APP", self.app.path())
             .env("VALVE_APP_KIND", self.app.kind())
             .env("VALVE_PUBLIC_HOST", &self.public_host)
             .env("VALVE_PUBLIC_PORT", self.public_port.to_string())
-            .env("VALVE_LOOP", self.path("loop.R"))
+            .env("VALVE_LOOP", sandbox::lib_dir(self.run_dir.path()).join("loop.R"))
             .env("VALVE_TRANSPORT", if self.frames.is_some() { "frames" } else { "httpuv" })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -138,6 +227,9 @@ impl Spec {
             .kill_on_drop(true);
         if let Some(hub) = &self.frames {
             cmd.env("VALVE_FRAME_PORT", hub.port().to_string());
+        }
+        if let Some(dir) = &self.render_dir {
+            cmd.env("VALVE_RENDER_DIR", dir);
         }
         if let AppSource::ServerYml { settings, engine, .. } = &self.app {
             cmd.env("VALVE_ENGINE", engine).env("VALVE_SETTINGS", settings);
@@ -150,8 +242,18 @@ impl Spec {
             cmd.env("GLIBC_TUNABLES", tunables);
         }
         let parent = std::process::id();
-        // SAFETY: only async-signal-safe calls (raw prctl, getppid and _exit
-        // syscalls) between fork and exec.
+        let mut report = None;
+        let enter = match &self.sandbox {
+            Some((_, prepared)) if !prepared.is_empty() => {
+                let (read, write) =
+                    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK)?;
+                report = Some((read, prepared.clone()));
+                Some((prepared.clone(), write))
+            }
+            _ => None,
+        };
+        // SAFETY: only async-signal-safe calls (raw prctl, getppid, the
+        // sandbox's system calls, write and _exit) between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
                 rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
@@ -159,10 +261,16 @@ impl Spec {
                 if rustix::process::getppid().map(Pid::as_raw_nonzero).map(|p| p.get() as u32) != Some(parent) {
                     return Err(io::Error::other("valve exited while the worker started"));
                 }
+                if let Some((prepared, write)) = &enter {
+                    if let Err((step, error)) = prepared.enter() {
+                        let _ = rustix::io::write(write, &(step as u32).to_le_bytes());
+                        return Err(error);
+                    }
+                }
                 Ok(())
             });
         }
-        cmd
+        Ok(Launchable { cmd, report })
     }
 
     /// Worker `id`'s own frames token (none for a Shiny, httpuv or engine worker).
@@ -171,12 +279,12 @@ impl Spec {
     }
 
     pub(super) fn socket_path(&self, id: WorkerId) -> PathBuf {
-        self.path(&format!("w{id}.sock"))
+        self.app_run_dir().join(format!("w{id}.sock"))
     }
 }
 
 /// A command for the spawner thread, and where to send the child.
-type SpawnJob = (Command, oneshot::Sender<io::Result<(Child, reap::Own)>>);
+type SpawnJob = (Launchable, oneshot::Sender<(Launchable, io::Result<(Child, reap::Own)>)>);
 
 /// Starts processes from one long-lived thread. Linux delivers the parent-death
 /// signal when the *thread* that forked a child exits, so children must not be
@@ -193,7 +301,8 @@ impl Spawner {
         std::thread::Builder::new().name("valve-spawner".into()).spawn(move || {
             let _runtime = handle.enter();
             for (mut cmd, reply) in rx {
-                let _ = reply.send(reap::spawn(&mut cmd));
+                let spawned = reap::spawn(&mut cmd.cmd);
+                let _ = reply.send((cmd, spawned));
             }
         })?;
         Ok(Spawner { jobs })
@@ -201,11 +310,15 @@ impl Spawner {
 
     /// Spawns `cmd`; the child is valve's own (the reaper leaves it to tokio)
     /// while the returned `Own` lives.
-    pub(super) async fn spawn(&self, r_bin: &Path, cmd: Command) -> Result<(Child, reap::Own), StartError> {
+    pub(super) async fn spawn(&self, r_bin: &Path, cmd: Launchable) -> Result<(Child, reap::Own), StartError> {
         let (tx, rx) = oneshot::channel();
         let gone = || StartError::Io(io::Error::other("spawner thread is gone"));
         self.jobs.send((cmd, tx)).map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?.map_err(|e| StartError::NoR {
+        let (cmd, spawned) = rx.await.map_err(|_| gone())?;
+        if let (Err(error), Some(step)) = (&spawned, cmd.failed_step()) {
+            return Err(StartError::Sandbox { step, error: io::Error::new(error.kind(), error.to_string()) });
+        }
+        spawned.map_err(|e| StartError::NoR {
             r_bin: r_bin.display().to_string(),
             reason: match e.kind() {
                 io::ErrorKind::NotFound => {

@@ -54,6 +54,14 @@ pub trait Parking: Send + Sync {
 #[derive(Clone)]
 pub struct Park(pub Arc<dyn Parking>);
 
+/// Where an app's request bodies are spooled, and whose they must be (a
+/// frames worker opens the file by its path).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpoolDir {
+    pub dir: std::path::PathBuf,
+    pub owner: Option<(u32, u32)>,
+}
+
 /// A request body valve spooled to a named file in its private run directory:
 /// a frames worker reads the file instead of receiving the bytes. `keep`
 /// keeps the file until the worker has answered. Carried in the request's

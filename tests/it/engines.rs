@@ -103,7 +103,7 @@ fn engine_port(pid: u32) -> Option<String> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_engine_app_is_served_by_its_launch_server_one_loopback_port_per_worker_and_reloads() {
+async fn an_engine_app_is_served_by_its_launch_server_on_a_private_socket_per_worker_and_reloads() {
     let (_tmp, dir) = app_with(&std::fs::read_to_string(fixture("engine_app/_server.yml")).unwrap());
     let env = with_engine();
     let d = dir.to_str().unwrap();
@@ -128,8 +128,15 @@ async fn an_engine_app_is_served_by_its_launch_server_one_loopback_port_per_work
         (Some("/some/path"), Some("?x=1")),
         "as httpuv gives them"
     );
-    assert_eq!(answer["host"], "127.0.0.1", "the engine listens on loopback only");
+    assert_eq!(answer["host"], "127.0.0.1", "the engine is told loopback only");
     assert!(ports.contains(&answer["port"].to_string()), "{answer} {ports:?}");
+    // httpuv's startServer(host, port) serves on the worker's private socket
+    // instead: no other local process can reach the engine on that port.
+    for port in &ports {
+        let port: u16 = port.parse().unwrap();
+        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err(), "nothing listens on {port}");
+    }
+    assert!(!valve.log().contains("opens its own TCP server"), "the engine serves on its socket");
     let pid = answer["pid"].as_u64().unwrap() as u32;
     assert!(workers.contains(&pid), "answered by one of valve's workers: {answer}");
     let canonical = std::fs::canonicalize(&dir).unwrap();

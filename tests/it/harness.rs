@@ -129,6 +129,9 @@ pub fn preloading() -> bool {
 /// A running valve with its output captured.
 pub struct Valve {
     child: Child,
+    /// Its state directory, removed after it.
+    _state: Option<tempfile::TempDir>,
+    state_dir: PathBuf,
     pub url: String,
     /// The JSON object valve printed on stdout when it was ready.
     pub ready: serde_json::Value,
@@ -148,7 +151,25 @@ pub fn valve_bin() -> PathBuf {
     std::env::var_os("VALVE_TEST_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_valve")))
 }
 
-fn spawn(args: &[&str], envs: &[(&str, &str)]) -> Child {
+/// A temporary folder anyone may read and enter (mode 0755, not tempfile's
+/// 0700): an app's folder there is readable by the user of its own valve
+/// gives it (as root), as an app's folder on a server is.
+pub fn app_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod 0755");
+    dir
+}
+
+/// Whether these tests run as root (as CI does): then valve gives each app a
+/// user of its own and a private view.
+pub fn as_root() -> bool {
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Starts valve with its own state directory (each app's private home) unless
+/// `envs` names one, as `uid` if given.
+fn spawn(args: &[&str], envs: &[(&str, &str)], uid: Option<u32>) -> (Child, Option<tempfile::TempDir>) {
     let mut cmd = Command::new(valve_bin());
     cmd.args(args)
         .env("VALVE_LOG", "info")
@@ -156,10 +177,23 @@ fn spawn(args: &[&str], envs: &[(&str, &str)]) -> Child {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    let state = if envs.iter().any(|(k, _)| *k == "VALVE_STATE_DIR") {
+        None
+    } else {
+        let dir = tempfile::tempdir().expect("a state directory");
+        cmd.env("VALVE_STATE_DIR", dir.path());
+        Some(dir)
+    };
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    cmd.spawn().expect("valve binary starts")
+    if let Some(uid) = uid {
+        cmd.uid(uid).gid(uid);
+        if let Some(dir) = &state {
+            let _ = std::os::unix::fs::chown(dir.path(), Some(uid), Some(uid));
+        }
+    }
+    (cmd.spawn().expect("valve binary starts"), state)
 }
 
 fn capture(
@@ -192,9 +226,26 @@ impl Valve {
     /// As `start`, calling `hook(pid)` once valve has logged `when` (before it
     /// reports ready).
     pub fn start_with_hook(args: &[&str], envs: &[(&str, &str)], when: Option<&str>, hook: impl FnOnce(u32)) -> Valve {
+        Self::start_as(None, args, envs, when, hook)
+    }
+
+    /// As `start_with_hook`, run as user `uid` (and its group) if given.
+    pub fn start_as(
+        uid: Option<u32>,
+        args: &[&str],
+        envs: &[(&str, &str)],
+        when: Option<&str>,
+        hook: impl FnOnce(u32),
+    ) -> Valve {
         let mut full = vec!["--port", "0"];
         full.extend_from_slice(args);
-        let mut child = spawn(&full, envs);
+        let (mut child, state) = spawn(&full, envs, uid);
+        let state_dir = match &state {
+            Some(dir) => dir.path().to_path_buf(),
+            None => {
+                envs.iter().find(|(k, _)| *k == "VALVE_STATE_DIR").map(|(_, v)| PathBuf::from(v)).unwrap_or_default()
+            }
+        };
         let log = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
         capture(child.stdout.take().unwrap(), "valve stdout", log.clone(), Some(tx));
@@ -215,7 +266,7 @@ impl Valve {
                     if let Ok(ready) = serde_json::from_str::<serde_json::Value>(&line) {
                         if ready["event"] == "ready" {
                             let url = ready["url"].as_str().expect("the ready line carries the url").to_string();
-                            return Valve { child, url, ready, log };
+                            return Valve { child, _state: state, state_dir, url, ready, log };
                         }
                     }
                 }
@@ -240,7 +291,7 @@ impl Valve {
     /// As `run_to_exit`, with `envs` added to valve's environment.
     pub fn run_to_exit_with_env(args: &[&str], envs: &[(&str, &str)], deadline: Duration) -> Failed {
         let start = Instant::now();
-        let mut child = spawn(args, envs);
+        let (mut child, _state) = spawn(args, envs, None);
         capture(child.stdout.take().unwrap(), "valve stdout", Arc::new(Mutex::new(Vec::new())), None);
         let stderr = child.stderr.take().unwrap();
         let reader = std::thread::spawn(move || {
@@ -264,6 +315,15 @@ impl Valve {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// App `app`'s private home: where its R may write and a test may read
+    /// (as root; valve's own user's home otherwise).
+    pub fn home(&self, app: &str) -> PathBuf {
+        if !as_root() {
+            return PathBuf::from(std::env::var("HOME").unwrap_or_default());
+        }
+        self.state_dir.join("apps").join(app).join("home")
     }
 
     /// The R worker processes valve runs now: its children, or with

@@ -11,6 +11,7 @@ mod forward_auth;
 mod guard;
 mod harness;
 mod identity;
+mod isolation;
 mod layers;
 mod lifecycle;
 mod placement;

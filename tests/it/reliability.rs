@@ -135,9 +135,9 @@ async fn a_request_waiting_past_queue_timeout_gets_503() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_crash_is_retried_for_get_and_502_for_post() {
-    let dir = tempfile::tempdir().unwrap();
-    let marker = dir.path().join("crashed");
     let valve = Valve::start(&["-f", &api(), "-n", "2", "--n-min", "2"]);
+    // In the app's home: its workers share it, its R may write it, the test may read it.
+    let marker = valve.home("api").join("crashed");
     let resp = client().get(valve.get(&format!("/crash-once?marker={}", marker.display()))).send().await.unwrap();
     assert_eq!(resp.status(), 200, "the GET was retried on another worker");
     assert!(marker.exists(), "the first worker really crashed");

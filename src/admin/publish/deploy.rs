@@ -17,6 +17,7 @@ use super::tasks::Task;
 use crate::config::publish::{Candidate, VersionRule};
 use crate::config::AppConfig;
 use crate::worker::packages;
+use crate::worker::sandbox::Site;
 
 /// The most a deployment waits for its new generation beyond the app's
 /// start timeout (a render, the first worker's warm-up).
@@ -86,7 +87,7 @@ async fn deploy(
         .find(|a| a.name == name)
         .cloned()
         .ok_or_else(|| format!("{name} is not in the configuration this version gives"))?;
-    check_packages(publisher, task, &app, &v.packages).await?;
+    check_packages(publisher, task, &app, &Site::of(&config), &v.packages).await?;
     let serving = publisher.reloader.apps.configs().into_iter().find(|a| a.name == name);
     if record.active == Some(version) && serving.as_ref().is_some_and(|s| s.source == app.source) {
         return Ok(format!("Version {version} of {name} already serves at {}", publisher.app_url(name)));
@@ -149,6 +150,7 @@ async fn check_packages(
     publisher: &Publisher,
     task: &Task,
     app: &AppConfig,
+    site: &Site,
     wanted: &[(String, String)],
 ) -> Result<(), String> {
     if app.is_static() {
@@ -165,7 +167,8 @@ async fn check_packages(
         app.r_bin.display(),
         publisher.settings.versions.as_str()
     ));
-    let spec = publisher.reloader.apps.spec(app);
+    let (spec, _) =
+        publisher.reloader.apps.spec(app, site).map_err(|e| format!("R could not be started as the app: {e}"))?;
     let names: Vec<String> = wanted.iter().map(|(n, _)| n.clone()).collect();
     let found = packages::installed(&spec, &names, app.start_timeout)
         .await

@@ -81,6 +81,9 @@ pub struct Settings {
     pub queue_size: usize,
     pub queue_timeout: Duration,
     pub request_timeout: Option<Duration>,
+    /// Where the app's request bodies are spooled, if not valve's run
+    /// directory (its workers read them: they must be theirs).
+    pub spool: Option<crate::worker::SpoolDir>,
 }
 
 impl Settings {
@@ -103,6 +106,7 @@ impl Settings {
             queue_size: app.queue_size,
             queue_timeout: app.queue_timeout,
             request_timeout: app.request_timeout,
+            spool: None,
         }
     }
 }

@@ -303,9 +303,9 @@ allow_users = []
     assert_eq!(c.apps[0].allow.groups, None, "an app's own pair replaces the defaults whole");
     assert_eq!(c.apps[1].allow.groups.as_deref(), Some(&["staff".to_string()][..]), "the top level's otherwise");
     assert!(c.apps[2].allow.names_nobody(), "a static app takes allow lists too");
-    let warnings = c.warnings();
+    let warnings: Vec<String> = c.warnings().into_iter().filter(|w| w.contains("name nobody")).collect();
     assert_eq!(warnings.len(), 1);
-    assert!(warnings[0].contains("app `docs`") && warnings[0].contains("name nobody"), "{warnings:?}");
+    assert!(warnings[0].contains("app `docs`"), "{warnings:?}");
     let mut given = args(&["--trusted-proxies", "192.168.0.0/16"]);
     given.explicit.insert("trusted_proxies".into());
     let flagged = load(&path, &given).unwrap();

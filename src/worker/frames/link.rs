@@ -458,16 +458,22 @@ async fn answer(
             Err(e) => return lost(reply, e),
         };
         let owned = h.flags & answer::FILE_OWNED != 0;
-        let opened = std::fs::File::open(&path).and_then(|f| f.metadata().map(|m| (f, m.len())));
+        // Opened as the worker would open it: in its view, with its permissions.
+        let place = super::named::Place::of(pid, &path);
+        let opened = place
+            .as_ref()
+            .map_err(|e| io::Error::new(e.kind(), e.to_string()))
+            .and_then(|p| p.open())
+            .and_then(|f| f.metadata().map(|m| (f, m.len())));
         match opened {
             Ok((f, len)) => {
                 body_len = len;
-                file = Some(AnswerFile { file: Some(f), path, owned });
+                file = Some(AnswerFile { file: Some(f), place: place.ok(), owned });
             }
             Err(e) => {
                 tracing::error!(worker = id, pid, path = %path.display(), error = %e,
-                    "the app's answer names a file valve cannot open; answered 500");
-                drop(AnswerFile { file: None, path, owned });
+                    "the app's answer names a file valve cannot open as the worker; answered 500");
+                drop(AnswerFile { file: None, place: place.ok(), owned });
                 let mut resp = Response::new(AnswerBody::empty());
                 *resp.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
                 if let Some(reply) = reply {

@@ -3,7 +3,6 @@
 //! to its end so the stream stays in step; and the files an answer names.
 
 use std::io::{self, Write};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -117,14 +116,15 @@ impl Sink {
 /// (httpuv's `owned = TRUE`).
 pub(super) struct AnswerFile {
     pub(super) file: Option<std::fs::File>,
-    pub(super) path: PathBuf,
+    /// Where it is, as the worker sees it (valve deletes it as the worker would).
+    pub(super) place: Option<super::named::Place>,
     pub(super) owned: bool,
 }
 
 impl Drop for AnswerFile {
     fn drop(&mut self) {
-        if self.owned {
-            let _ = std::fs::remove_file(&self.path);
+        if let (true, Some(place)) = (self.owned, &self.place) {
+            let _ = place.remove();
         }
     }
 }

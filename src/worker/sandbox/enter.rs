@@ -1,0 +1,280 @@
+//! Entering a sandbox: the one function a worker runs between fork and exec
+//! (`Prepared::enter`), in a fixed order, each step failing closed and
+//! naming itself: a mount namespace of its own and the view's covers, clones
+//! put back and inner covers; the working directory (again, inside the
+//! view: the one inherited would lead back to the real tree); the memory
+//! limit and the OOM killer's preference; supplementary groups, gid, uid;
+//! no new privileges. Everything is computed before the fork (paths as C
+//! strings, step names), so the child only makes system calls: it runs in
+//! a copy of a multi-threaded process, where allocating could deadlock.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use rustix::fs::{Gid, Mode, Uid, CWD};
+use rustix::mount::{MountFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags};
+use rustix::process::{Resource, Rlimit};
+
+use super::view::{prefixes, Cover, Steps};
+
+/// The most trees one view clones (the private /tmp, the app's folder, its
+/// home, its run folder, R's libraries...).
+pub const MAX_CLONES: usize = 32;
+
+/// What the workers of one app become, computed once per generation.
+#[derive(Debug)]
+pub struct Prepared {
+    view: Option<PreparedView>,
+    workdir: Option<CString>,
+    data_limit: Option<u64>,
+    oom_score_adj: Option<CString>,
+    ids: Option<Ids>,
+    /// Each step's name, by number, for the parent's error message.
+    names: Vec<String>,
+}
+
+#[derive(Debug)]
+struct Ids {
+    uid: Uid,
+    gid: Gid,
+    groups: Vec<Gid>,
+}
+
+#[derive(Debug)]
+struct PreparedView {
+    clones: Vec<CString>,
+    covers: Vec<PCover>,
+    places: Vec<(usize, Vec<CString>, CString)>,
+    inner: Vec<PCover>,
+}
+
+#[derive(Debug)]
+enum PCover {
+    Empty(CString),
+    Scratch(CString),
+    EmptyFile(CString),
+    Clone(usize, CString),
+}
+
+fn c(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::other(format!("{}: a NUL in the path", path.display())))
+}
+
+/// What to prepare.
+pub struct Spec<'a> {
+    pub steps: Option<&'a Steps>,
+    pub workdir: Option<&'a Path>,
+    pub data_limit: Option<u64>,
+    pub oom_score_adj: Option<i32>,
+    pub ids: Option<(u32, u32, &'a [u32])>,
+}
+
+impl Prepared {
+    pub fn new(spec: Spec<'_>) -> io::Result<Prepared> {
+        let mut names = Vec::new();
+        let view = match spec.steps {
+            None => None,
+            Some(steps) => {
+                if steps.clones.len() > MAX_CLONES {
+                    return Err(io::Error::other(format!(
+                        "the view clones {} trees, more than {MAX_CLONES}: show fewer folders",
+                        steps.clones.len()
+                    )));
+                }
+                names.push("a mount namespace of its own (unshare)".to_string());
+                names.push("mounts that stay private to it (/ as a slave mount)".to_string());
+                let mut clones = Vec::new();
+                for p in &steps.clones {
+                    names.push(format!("a copy of {} to put back later (open_tree)", p.display()));
+                    clones.push(c(p)?);
+                }
+                let cover = |cv: &Cover, names: &mut Vec<String>| -> io::Result<PCover> {
+                    Ok(match cv {
+                        Cover::Empty(p) => {
+                            names.push(format!("an empty folder over {} (tmpfs)", p.display()));
+                            PCover::Empty(c(p)?)
+                        }
+                        Cover::EmptyFile(p) => {
+                            names.push(format!("an empty file over {} (bind /dev/null)", p.display()));
+                            PCover::EmptyFile(c(p)?)
+                        }
+                        Cover::Scratch(p) => {
+                            names
+                                .push(format!("an empty shared-memory folder of its own over {} (tmpfs)", p.display()));
+                            PCover::Scratch(c(p)?)
+                        }
+                        Cover::Clone(n, p) => {
+                            names.push(format!("the app's private temporary folder over {}", p.display()));
+                            PCover::Clone(*n, c(p)?)
+                        }
+                    })
+                };
+                let mut covers = Vec::new();
+                for cv in &steps.covers {
+                    covers.push(cover(cv, &mut names)?);
+                }
+                let mut places = Vec::new();
+                for (n, p) in &steps.places {
+                    names.push(format!("{} put back in the view (mkdir, move_mount)", p.display()));
+                    let dirs = prefixes(p).iter().map(|d| c(d)).collect::<io::Result<Vec<_>>>()?;
+                    places.push((*n, dirs, c(p)?));
+                }
+                let mut inner = Vec::new();
+                for cv in &steps.inner {
+                    inner.push(cover(cv, &mut names)?);
+                }
+                Some(PreparedView { clones, covers, places, inner })
+            }
+        };
+        let workdir = match spec.workdir {
+            Some(w) => {
+                names.push(format!("the app's folder {} as the working directory", w.display()));
+                Some(c(w)?)
+            }
+            None => None,
+        };
+        if let Some(limit) = spec.data_limit {
+            names.push(format!("the memory limit ({limit} bytes of data, RLIMIT_DATA)"));
+        }
+        let oom_score_adj = match spec.oom_score_adj {
+            Some(v) => {
+                names.push("the OOM killer's preference (/proc/self/oom_score_adj)".into());
+                Some(CString::new(v.to_string()).map_err(io::Error::other)?)
+            }
+            None => None,
+        };
+        let ids = spec.ids.map(|(uid, gid, groups)| {
+            names.push(format!("the supplementary groups {groups:?}"));
+            names.push(format!("gid {gid}"));
+            names.push(format!("uid {uid}"));
+            names.push("no new privileges (prctl PR_SET_NO_NEW_PRIVS)".into());
+            Ids {
+                uid: Uid::from_raw(uid),
+                gid: Gid::from_raw(gid),
+                groups: groups.iter().map(|g| Gid::from_raw(*g)).collect(),
+            }
+        });
+        Ok(Prepared { view, workdir, data_limit: spec.data_limit, oom_score_adj, ids, names })
+    }
+
+    /// The name of step `n`, for the message when it failed.
+    pub fn step_name(&self, n: usize) -> Option<&str> {
+        self.names.get(n).map(String::as_str)
+    }
+
+    /// Whether entering changes anything at all.
+    pub fn is_empty(&self) -> bool {
+        self.view.is_none() && self.data_limit.is_none() && self.oom_score_adj.is_none() && self.ids.is_none()
+    }
+
+    /// Runs every step, in order, in the forked child. On failure, returns
+    /// the number of the step that failed (see `names`) and the error.
+    /// Async-signal-safe: system calls only, nothing allocated.
+    pub fn enter(&self) -> Result<(), (usize, io::Error)> {
+        let mut step = 0usize;
+        let mut next = |r: io::Result<()>| -> Result<(), (usize, io::Error)> {
+            let n = step;
+            step += 1;
+            r.map_err(|e| (n, e))
+        };
+        if let Some(v) = &self.view {
+            // SAFETY: the child is single-threaded (a fork), so nothing else
+            // shares its file-system attributes.
+            next(unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }.map_err(Into::into))?;
+            next(
+                rustix::mount::mount_change(c"/", MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC)
+                    .map_err(Into::into),
+            )?;
+            // Numbered slots: no allocation in the child.
+            let mut slots: [Option<OwnedFd>; MAX_CLONES] = [const { None }; MAX_CLONES];
+            for (i, path) in v.clones.iter().enumerate() {
+                let fd = rustix::mount::open_tree(
+                    CWD,
+                    path.as_c_str(),
+                    OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::AT_RECURSIVE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+                );
+                next(fd.map(|fd| slots[i] = Some(fd)).map_err(Into::into))?;
+            }
+            for cover in &v.covers {
+                next(apply_cover(cover, &slots))?;
+            }
+            for (slot, dirs, target) in &v.places {
+                let r = (|| {
+                    for d in dirs {
+                        match rustix::fs::mkdirat(CWD, d.as_c_str(), Mode::from_raw_mode(0o755)) {
+                            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                            Err(e) => return Err(io::Error::from(e)),
+                        }
+                    }
+                    place(&slots, *slot, target)
+                })();
+                next(r)?;
+            }
+            for cover in &v.inner {
+                next(apply_cover(cover, &slots))?;
+            }
+        }
+        if let Some(w) = &self.workdir {
+            next(rustix::process::chdir(w.as_c_str()).map_err(Into::into))?;
+        }
+        if let Some(limit) = self.data_limit {
+            next(
+                rustix::process::setrlimit(Resource::Data, Rlimit { current: Some(limit), maximum: Some(limit) })
+                    .map_err(Into::into),
+            )?;
+        }
+        if let Some(adj) = &self.oom_score_adj {
+            let r = (|| {
+                // valve keeps itself undumpable, which makes /proc/self root's
+                // in this child of valve's own user until it execs.
+                rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::Dumpable)?;
+                let fd = rustix::fs::open(c"/proc/self/oom_score_adj", rustix::fs::OFlags::WRONLY, Mode::empty())?;
+                rustix::io::write(&fd, adj.as_bytes())?;
+                Ok(())
+            })();
+            next(r)?;
+        }
+        if let Some(ids) = &self.ids {
+            next(rustix::thread::set_thread_groups(&ids.groups).map_err(Into::into))?;
+            next(rustix::thread::set_thread_res_gid(ids.gid, ids.gid, ids.gid).map_err(Into::into))?;
+            next(rustix::thread::set_thread_res_uid(ids.uid, ids.uid, ids.uid).map_err(Into::into))?;
+            next(rustix::thread::set_no_new_privs(true).map_err(Into::into))?;
+        }
+        Ok(())
+    }
+}
+
+fn apply_cover(cover: &PCover, slots: &[Option<OwnedFd>; MAX_CLONES]) -> io::Result<()> {
+    match cover {
+        PCover::Empty(p) => rustix::mount::mount(
+            c"tmpfs",
+            p.as_c_str(),
+            c"tmpfs",
+            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+            Some(c"mode=0755,size=1m"),
+        )
+        .map_err(Into::into),
+        PCover::Scratch(p) => rustix::mount::mount(
+            c"tmpfs",
+            p.as_c_str(),
+            c"tmpfs",
+            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+            Some(c"mode=1777,size=64m"),
+        )
+        .map_err(Into::into),
+        PCover::EmptyFile(p) => rustix::mount::mount_bind(c"/dev/null", p.as_c_str()).map_err(Into::into),
+        PCover::Clone(n, p) => place(slots, *n, p),
+    }
+}
+
+fn place(slots: &[Option<OwnedFd>; MAX_CLONES], n: usize, target: &CString) -> io::Result<()> {
+    let Some(fd) = slots.get(n).and_then(Option::as_ref) else {
+        return Err(io::Error::from_raw_os_error(rustix::io::Errno::BADF.raw_os_error()));
+    };
+    rustix::mount::move_mount(fd.as_fd(), c"", CWD, target.as_c_str(), MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+        .map_err(Into::into)
+}

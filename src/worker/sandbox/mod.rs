@@ -1,0 +1,218 @@
+//! A worker's sandbox: whom it runs as, what it sees, what it may take.
+//! Decided once per app generation as a plain value (`Sandbox`, from the
+//! app's settled account and the site's paths), turned into steps (`view`,
+//! pure) and entered by one function between fork and exec (`enter`), in
+//! the order bubblewrap and systemd use: namespace and mounts, limits,
+//! groups, gid, uid, no new privileges. `probe` measures what the kernel
+//! allows before the configuration is read; `dirs` makes each app's private
+//! folders (its home, its temporary folder, its run folder) owned by its user.
+
+mod dirs;
+mod enter;
+mod probe;
+pub mod view;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use enter::Prepared;
+pub use probe::{guard_valve, probe};
+pub use view::View;
+
+use crate::config::{Account, AppConfig, Config, Isolation};
+
+/// What the OOM killer adds to an R worker's badness: with it, a worker is
+/// always chosen before valve (whose own score stays as the system set it).
+pub const OOM_SCORE_ADJ: i32 = 500;
+
+/// The paths a configuration holds that isolation needs: every app's
+/// folder (each app hides the others'), valve's own files, where private
+/// folders go.
+#[derive(Clone, Debug)]
+pub struct Site {
+    pub isolation: Isolation,
+    pub state_dir: PathBuf,
+    /// valve's own files: the config file, the site folder, the state directory.
+    pub private: Vec<PathBuf>,
+    /// Every app's name and folder.
+    pub folders: Vec<(String, PathBuf)>,
+}
+
+impl Site {
+    pub fn of(config: &Config) -> Site {
+        Site {
+            isolation: config.server.isolation,
+            state_dir: config.server.state_dir.clone(),
+            private: config.server.private_paths.clone(),
+            folders: config.apps.iter().map(|a| (a.name.clone(), a.folder())).collect(),
+        }
+    }
+}
+
+/// Everything a worker of one app is, sees and may take.
+#[derive(Clone, Debug)]
+pub struct Sandbox {
+    pub account: Account,
+    /// Workers become `account` (valve is root and the account is not).
+    pub switch: bool,
+    /// `HOME`: the app's private home (or a named user's own).
+    pub home: Option<PathBuf>,
+    /// The app's private temporary folder (`TMPDIR`; `/tmp` in its view).
+    pub tmp: Option<PathBuf>,
+    /// The app's run folder: its workers' sockets, FIFOs and spooled bodies.
+    pub run: PathBuf,
+    /// Its private view of the files, where the kernel allows one.
+    pub view: Option<View>,
+    pub memory_limit: Option<u64>,
+    /// Its working directory.
+    pub workdir: PathBuf,
+}
+
+/// Where valve's run directory keeps what workers read (the launcher).
+pub fn lib_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("lib")
+}
+
+impl Sandbox {
+    /// Decides the sandbox of `app`'s workers and makes its private folders.
+    /// `env` is the environment workers inherit (R's library paths in it stay visible).
+    pub fn for_app(app: &AppConfig, site: &Site, run_dir: &Path) -> io::Result<Sandbox> {
+        let account = app.account.clone();
+        let switch = account.isolated();
+        let run = dirs::app_run_dir(run_dir, &app.name, switch.then_some(&account))?;
+        if !switch {
+            return Ok(Sandbox {
+                account,
+                switch,
+                home: None,
+                tmp: None,
+                run,
+                view: None,
+                memory_limit: app.memory_limit,
+                workdir: app.source.workdir(),
+            });
+        }
+        let tmp = dirs::private_tmp(run_dir, &app.name, &account)?;
+        let home = match &account.home {
+            Some(h) => h.clone(),
+            None => dirs::private_home(&site.state_dir, &app.name, &account)?,
+        };
+        let view = (site.isolation == Isolation::View).then(|| {
+            let own = app.folder();
+            let mut hide: Vec<PathBuf> = site
+                .folders
+                .iter()
+                .filter(|(name, folder)| *name != app.name && *folder != own)
+                .map(|(_, f)| f.clone())
+                .collect();
+            hide.extend(site.private.iter().cloned());
+            hide.push(run_dir.to_path_buf());
+            hide.extend(["/home", "/root"].map(PathBuf::from));
+            let mut show = vec![own, home.clone(), run.clone(), lib_dir(run_dir)];
+            show.extend(r_paths(app));
+            View {
+                hide,
+                show,
+                tmp_at: vec![PathBuf::from("/tmp"), PathBuf::from("/var/tmp")],
+                scratch: vec![PathBuf::from("/dev/shm")],
+                tmp: tmp.clone(),
+            }
+        });
+        Ok(Sandbox {
+            account,
+            switch,
+            home: Some(home),
+            tmp: Some(tmp),
+            run,
+            view,
+            memory_limit: app.memory_limit,
+            workdir: app.source.workdir(),
+        })
+    }
+
+    /// The steps and values a forked child needs, computed now.
+    pub fn prepare(&self) -> io::Result<Arc<Prepared>> {
+        let steps = self.view.as_ref().map(|v| {
+            let account = &self.account;
+            view::plan(
+                v,
+                |p| match std::fs::metadata(p) {
+                    Ok(m) if m.is_dir() => view::Kind::Folder,
+                    Ok(_) => view::Kind::File,
+                    Err(_) => view::Kind::Missing,
+                },
+                |p| crate::config::blocked_ancestor(account, p),
+            )
+        });
+        let groups = self.account.groups.clone();
+        Ok(Arc::new(Prepared::new(enter::Spec {
+            steps: steps.as_ref(),
+            workdir: steps.as_ref().map(|_| self.workdir.as_path()),
+            data_limit: self.memory_limit,
+            oom_score_adj: Some(OOM_SCORE_ADJ),
+            ids: self.switch.then_some((self.account.uid, self.account.gid, groups.as_slice())),
+        })?))
+    }
+
+    /// The environment a worker gets on top of valve's: its home and
+    /// temporary folder and its user's name when it switches users.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let mut env = Vec::new();
+        if !self.switch {
+            return env;
+        }
+        if let Some(h) = &self.home {
+            env.push(("HOME".into(), h.display().to_string()));
+        }
+        let tmp = match (&self.view, &self.tmp) {
+            (Some(_), _) if Path::new("/tmp").is_dir() => Some("/tmp".to_string()),
+            (_, Some(t)) => Some(t.display().to_string()),
+            _ => None,
+        };
+        if let Some(t) = tmp {
+            env.push(("TMPDIR".into(), t));
+        }
+        env.push(("USER".into(), self.account.name.clone()));
+        env.push(("LOGNAME".into(), self.account.name.clone()));
+        env
+    }
+
+    /// Variables of valve's own environment a worker of another user must not
+    /// inherit: root's session folders, which it could not use.
+    pub fn env_removed(&self) -> Vec<String> {
+        if !self.switch {
+            return Vec::new();
+        }
+        ["XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"]
+            .into_iter()
+            .filter(|k| std::env::var_os(k).is_some())
+            .map(String::from)
+            .collect()
+    }
+
+    /// A file valve makes for this app's workers (a FIFO, a spooled body) is theirs.
+    pub fn owner(&self) -> Option<(u32, u32)> {
+        self.switch.then_some((self.account.uid, self.account.gid))
+    }
+}
+
+/// R's library folders and the R binary's folder: the app needs them
+/// whatever covers them (a library in root's home, a wrapper script).
+fn r_paths(app: &AppConfig) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let from_env =
+        |k: &str| app.env.iter().rev().find(|(n, _)| n == k).map(|(_, v)| v.clone()).or_else(|| std::env::var(k).ok());
+    for key in ["R_LIBS", "R_LIBS_USER", "R_LIBS_SITE"] {
+        if let Some(v) = from_env(key) {
+            out.extend(v.split(':').map(PathBuf::from).filter(|p| p.is_absolute()));
+        }
+    }
+    if let Some(q) = from_env("QUARTO_PATH") {
+        out.extend(Path::new(&q).parent().map(Path::to_path_buf));
+    }
+    if app.r_bin.is_absolute() {
+        out.extend(app.r_bin.parent().map(Path::to_path_buf));
+    }
+    out
+}
