@@ -11,6 +11,8 @@
 //!   one forwarding loop, bodies held whole, replies.
 //! - `admin`: valve's own pages under /__valve__/, and publishing
 //!   (`admin::publish`: the publishing API, deployments, versions).
+//! - `applog`: every app's log buffer (R's output, valve's lines about it).
+//! - `usage`: Shiny sessions and requests by user, kept and logged.
 //! - `metrics`: counters, histograms and the dashboard's history.
 //! - `log`: non-blocking logging, text or JSON.
 //! - `mac`: valve's secret keys and their MACs (HMAC-SHA-256).
@@ -20,6 +22,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod applog;
 pub mod config;
 pub mod healthcheck;
 pub mod http;
@@ -28,6 +31,7 @@ pub mod mac;
 pub mod metrics;
 pub mod reload;
 pub mod shutdown;
+pub mod usage;
 pub mod worker;
 
 use std::net::SocketAddr;
@@ -128,6 +132,15 @@ pub async fn run(
         Transport::Frames => Some(worker::FrameHub::start().map_err(RunError::WorkerListener)?),
         Transport::Httpuv => None,
     };
+    let usage = usage::Settings { log: config.server.usage_log.clone(), anonymize: config.server.usage_anonymize };
+    let opened = registry.usage.open(&usage).map_err(RunError::Usage)?;
+    if let Some(path) = &usage.log {
+        tracing::info!(path = %path.display(), sessions = opened.sessions, hours = opened.hours,
+            "usage log read back: sessions and request counts");
+        if opened.unreadable > 0 {
+            tracing::warn!(path = %path.display(), lines = opened.unreadable, "lines of the usage log are not usage records; skipped");
+        }
+    }
     let router = Arc::new(Router::default());
     let apps =
         Apps::new(router.clone(), fleet.clone(), registry.clone(), run_dir.clone(), frames, &config, addr.port());
@@ -199,6 +212,8 @@ pub async fn run(
     }
     let starting = apps.start(&config);
     tokio::pin!(starting);
+    // The Shiny sessions' tasks, to let them record their ends before the usage log closes.
+    let sessions = front.forwarder.sessions.clone();
     // Serve at once: health checks answer while workers start, requests wait for them.
     let server =
         tokio::spawn(http::server::run(listener, front, shutdown.clone(), limits, config.server.graceful_timeout));
@@ -222,6 +237,7 @@ pub async fn run(
             }
             _ = shutdown.drain.cancelled() => {
                 apps.shutdown().await;
+                registry.usage.close();
                 return Ok(Drained::Clean);
             }
         }
@@ -232,6 +248,9 @@ pub async fn run(
     }
     let drained = server.await.unwrap_or(Drained::Cut);
     apps.shutdown().await;
+    // Sessions end as their workers stop: what the usage log lacks goes now.
+    let _ = tokio::time::timeout(Duration::from_secs(2), sessions.wait()).await;
+    registry.usage.close();
     Ok(drained)
 }
 

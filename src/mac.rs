@@ -2,7 +2,10 @@
 //! random source when valve starts, kept in valve's memory only (never in
 //! a worker's environment or files, never logged). Whatever valve signs or
 //! hashes with a secret goes through here: the Shiny sticky cookie, the
-//! forward-auth cache's keys, each frames worker's hello token.
+//! forward-auth cache's keys, each frames worker's hello token, and the
+//! keyed hash `usage_anonymize` stores instead of a user. That last key is
+//! the one kept in a file (`Key::persistent`, mode 0600, beside the usage
+//! log), so that a user hashes the same across restarts.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -28,6 +31,38 @@ impl Key {
             panic!("the kernel's random source (getrandom) failed: valve cannot make its keys");
         }
         Key(k)
+    }
+
+    /// The key kept in `path` (64 hex digits), or a new random one written
+    /// there first (created mode 0600, never overwritten). For a hash that
+    /// must stay the same across restarts; any other key stays in memory.
+    pub fn persistent(path: &std::path::Path) -> Result<Key, KeyFileError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let bad = |why: String| KeyFileError { path: path.display().to_string(), why };
+        match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+            Ok(mut file) => {
+                let key = Key::random();
+                file.write_all(format!("{}\n", hex(&key.0)).as_bytes())
+                    .and_then(|()| file.sync_all())
+                    .map_err(|e| bad(format!("cannot write it: {e}")))?;
+                Ok(key)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+                let text = text.trim();
+                let mut k = [0u8; 32];
+                let parsed = text.len() == 64
+                    && k.iter_mut().enumerate().all(|(i, b)| {
+                        u8::from_str_radix(text.get(2 * i..2 * i + 2).unwrap_or("x"), 16).map(|v| *b = v).is_ok()
+                    });
+                if !parsed {
+                    return Err(bad("it does not hold a key of 64 hex digits (move it away to start a new one: users then hash differently)".into()));
+                }
+                Ok(Key(k))
+            }
+            Err(e) => Err(bad(format!("cannot create it: {e}"))),
+        }
     }
 
     /// The full 256-bit tag of `parts`, each length-prefixed so that no two
@@ -58,6 +93,14 @@ impl Key {
     pub fn verify_hex(&self, parts: &[&[u8]], tag_hex: &str) -> bool {
         same(self.tag_hex(parts).as_bytes(), tag_hex.as_bytes())
     }
+}
+
+/// Why a key file could not be used.
+#[derive(Debug, thiserror::Error)]
+#[error("the key file {path}: {why}")]
+pub struct KeyFileError {
+    pub path: String,
+    pub why: String,
 }
 
 /// Lowercase hex of `bytes`.
@@ -91,6 +134,22 @@ mod tests {
         assert!(key.verify_hex(&[b"abc"], &key.tag_hex(&[b"abc"])));
         assert!(!key.verify_hex(&[b"abd"], &key.tag_hex(&[b"abc"])));
         assert!(!key.verify_hex(&[b"abc"], &key.tag_hex(&[b"abc"])[..31]));
+    }
+
+    #[test]
+    fn a_persistent_key_is_created_0600_once_and_read_back_the_same() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("usage.key");
+        let first = Key::persistent(&path).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        let again = Key::persistent(&path).unwrap();
+        assert_eq!(first.tag(&[b"alice"]), again.tag(&[b"alice"]), "the same key after a restart");
+        std::fs::write(&path, "not a key").unwrap();
+        let err = Key::persistent(&path).unwrap_err().to_string();
+        assert!(err.contains("usage.key") && err.contains("64 hex digits"), "{err}");
+        let err = Key::persistent(&dir.path().join("no/such/dir/k")).unwrap_err().to_string();
+        assert!(err.contains("cannot create it"), "{err}");
     }
 
     #[test]

@@ -66,7 +66,9 @@ fn main() -> ExitCode {
         print!("{}", table(&config));
         return ExitCode::SUCCESS;
     }
-    let log = valve::log::init(json);
+    // Created before the log, which hands valve's lines about each app to that app's log.
+    let registry = Arc::new(Registry::default());
+    let log = valve::log::init(json, Some(valve::applog::Layer::beside_the_log(registry.logs.clone())));
     raise_descriptor_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.server.threads)
@@ -80,7 +82,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_START);
         }
     };
-    let code = runtime.block_on(serve(config, source, &log));
+    let code = runtime.block_on(serve(config, source, &log, registry));
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     code
 }
@@ -236,13 +238,12 @@ fn table(config: &Config) -> String {
     out
 }
 
-async fn serve(config: Config, source: Source, log: &valve::log::Log) -> ExitCode {
+async fn serve(config: Config, source: Source, log: &valve::log::Log, registry: Arc<Registry>) -> ExitCode {
     let shutdown = Shutdown::new();
     if let Err(e) = shutdown.listen_for_signals(config.server.drain_delay) {
         tracing::error!("valve: error: cannot listen for signals: {e}");
         return ExitCode::from(EXIT_START);
     }
-    let registry = Arc::new(Registry::default());
     let dropped = log.dropped.clone();
     registry.count_log_drops(move || dropped.dropped_lines() as u64);
     let (listener, admin) = match valve::bind(&config).await {

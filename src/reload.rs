@@ -51,6 +51,8 @@ pub enum RunError {
         "cannot make the private folders of app {app}: {error} (valve makes them in its run directory and --state-dir)"
     )]
     Sandbox { app: String, error: std::io::Error },
+    #[error("{0}")]
+    Usage(crate::usage::OpenError),
 }
 
 /// How long the previous generation of a changed app keeps the Shiny
@@ -140,6 +142,10 @@ impl Apps {
         config: &Config,
         port: u16,
     ) -> Arc<Apps> {
+        // Each app's log, before anything is said about the app.
+        for app in &config.apps {
+            registry.logs.app(&app.name, app.log_buffer);
+        }
         Arc::new(Apps {
             router,
             fleet,
@@ -171,6 +177,8 @@ impl Apps {
 
     fn generation(&self, app: &AppConfig, check_unused: Duration, site: &Site) -> Result<Arc<Supervisor>, RunError> {
         let mut settings = Settings::from_config(app, check_unused);
+        // The app's log: what its R prints (through its output hook) and valve's lines about it.
+        let log = self.registry.logs.app(&app.name, app.log_buffer);
         if app.is_static() {
             // Its pool stays empty (n_max = 0): ready at once, nothing to launch.
             return Ok(Supervisor::new(
@@ -181,9 +189,10 @@ impl Apps {
             ));
         }
         let (mut spec, spool) = self.spec(app, site)?;
+        spec.on_output(log);
         let metrics = self.registry.app(&app.name);
         metrics.set_memory_limit(app.memory_limit);
-        spec.tap = Some(metrics.clone());
+        spec.on_output(metrics.clone());
         settings.spool = Some(spool);
         let launcher = RLauncher::new(spec, app.preload).map_err(RunError::RunDir)?;
         Ok(Supervisor::new(self.fleet.clone(), settings, Box::new(launcher), metrics))
@@ -205,6 +214,7 @@ impl Apps {
             spec = spec.over_frames(hub.clone());
         }
         spec.render_timeout = app.start_timeout;
+        spec.name = Arc::from(app.name.as_str());
         let sandboxed = |error| RunError::Sandbox { app: app.name.clone(), error };
         let sandbox = Sandbox::for_app(app, site, self.run_dir.path()).map_err(sandboxed)?;
         let spool = SpoolDir { dir: sandbox.run.clone(), owner: sandbox.owner() };
@@ -282,13 +292,17 @@ impl Apps {
             let site = Site::of(&config);
             state.site = Some(site.clone());
             for (app, print) in config.apps.iter().zip(prints.iter().copied().chain(std::iter::repeat(0))) {
-                // New allow lists hold for the next request: they need no new generation.
+                // New allow lists hold for the next request, a new log size at
+                // once: they need no new generation.
                 if let Some(serving) = state.serving.get_mut(&app.name) {
                     serving.config.allow = app.allow.clone();
+                    serving.config.log_buffer = app.log_buffer;
                 }
                 if let Some(starting) = state.starting.get_mut(&app.name) {
                     starting.config.allow = app.allow.clone();
+                    starting.config.log_buffer = app.log_buffer;
                 }
+                self.registry.logs.app(&app.name, app.log_buffer);
                 let same = |c: &AppConfig, p: u64| c.same_workers(app) && p == print;
                 if state.serving.get(&app.name).is_some_and(|s| same(&s.config, s.print)) {
                     if let Some(s) = state.starting.remove(&app.name) {
@@ -343,6 +357,8 @@ impl Apps {
                 });
             }
             let wanted: Vec<&str> = config.apps.iter().map(|a| a.name.as_str()).collect();
+            // A removed app's log goes with it (its old workers' last lines reach valve's log only).
+            self.registry.logs.retain(|name| wanted.contains(&name));
             let gone: Vec<String> = state.serving.keys().filter(|n| !wanted.contains(&n.as_str())).cloned().collect();
             for name in gone {
                 if let Some(s) = state.serving.remove(&name) {

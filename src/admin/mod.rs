@@ -1,10 +1,29 @@
 //! valve's own pages under `/__valve__/`: liveness, readiness, Prometheus
-//! metrics, a JSON status and a live dashboard. Never forwarded to R, and
-//! none of them asks R anything (memory is what each worker's task sampled),
-//! so a long computation cannot fail a probe. Publishing (`publish/`) is a
-//! room of its own: the publishing API and valve's pages of published apps.
+//! metrics, JSON status, the site dashboard and each app's page, each app's
+//! log, and usage. Never forwarded to R, and none of them asks R anything
+//! (memory is what each worker's task sampled), so a long computation
+//! cannot fail a probe. This file routes; its rooms answer: `status` (the
+//! JSON of valve, its apps and workers), `logs`, `usage`, and `query` (the
+//! parameters they take). Publishing (`publish/`) is a room of its own:
+//! the publishing API and valve's pages of published apps
+//! (`/__valve__/published/`).
+//!
+//! | path                          | answer                                      |
+//! |-------------------------------|---------------------------------------------|
+//! | `/`                           | the site dashboard (`site.html`)            |
+//! | `/apps`                       | every app's figures (JSON)                  |
+//! | `/apps/NAME/`                 | the app's page (`app.html`)                 |
+//! | `/apps/NAME/status`           | the app and its workers (JSON)              |
+//! | `/apps/NAME/logs`             | the app's log (`logs`)                      |
+//! | `/usage`                      | sessions and requests by user (`usage`)     |
+//! | `/status`, `/metrics`, `/healthz`, `/readyz`, `/reload` | as before         |
 
 pub mod publish;
+
+mod logs;
+mod query;
+mod status;
+mod usage;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -15,14 +34,17 @@ use http::{Method, Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
 use crate::app::Fleet;
-use crate::config::{AccountKind, AppConfig, AppSource, Config, Isolation};
+use crate::config::{valid_name, AccountKind, AppConfig, AppSource, Config, Isolation};
 use crate::http::reply::{error, redirect, text, ReplyBody};
-use crate::http::router::{Router, Table};
+use crate::http::router::{Mounted, Router, Table};
 use crate::http::server::Pages;
 use crate::metrics::{Gauges, Registry};
 use crate::reload::Reloader;
 
-const DASHBOARD: &str = include_str!("dashboard.html");
+/// The site dashboard: every app in one table.
+const SITE: &str = include_str!("site.html");
+/// One app's page: its workers, charts and live log.
+const APP: &str = include_str!("app.html");
 
 pub use crate::config::{is_admin_path, ADMIN_PREFIX as PREFIX};
 
@@ -122,7 +144,7 @@ impl Admin {
     /// Answers a path for which `is_admin_path` holds. `private`: the
     /// request came to the admin listener (or the main port serves all pages);
     /// otherwise only health and readiness are answered.
-    pub async fn handle(&self, method: &Method, path: &str, private: bool) -> Response<ReplyBody> {
+    pub async fn handle(&self, method: &Method, path: &str, query: Option<&str>, private: bool) -> Response<ReplyBody> {
         let plain = "text/plain; charset=utf-8";
         let page = path.strip_prefix(PREFIX).unwrap_or("");
         if private && page == "/reload" {
@@ -154,8 +176,34 @@ impl Admin {
                 text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", body)
             }
             "/status" => text(StatusCode::OK, "application/json", self.status().to_string()),
-            "/" => text(StatusCode::OK, "text/html; charset=utf-8", DASHBOARD),
-            _ => error(StatusCode::NOT_FOUND, "no such valve path; try /__valve__/ for the dashboard"),
+            "/" => text(StatusCode::OK, "text/html; charset=utf-8", SITE),
+            "/apps" | "/apps/" => text(StatusCode::OK, "application/json", self.apps().to_string()),
+            "/usage" => {
+                let table = self.router.current();
+                usage::answer(&self.registry.usage, query, |name| table.apps().iter().any(|m| m.config.name == name))
+            }
+            _ => match page.strip_prefix("/apps/").map(|rest| rest.split_at(rest.find('/').unwrap_or(rest.len()))) {
+                Some((name, rest)) => self.app_page(name, rest, query),
+                None => error(StatusCode::NOT_FOUND, "no such valve path; try /__valve__/ for the dashboard"),
+            },
+        }
+    }
+
+    /// `/__valve__/apps/NAME/...`: the app's page, status or log.
+    fn app_page(&self, name: &str, rest: &str, query: Option<&str>) -> Response<ReplyBody> {
+        let table = self.router.current();
+        let Some(m) = table.apps().iter().find(|m| m.config.name == name) else {
+            return no_such_app(name, &table);
+        };
+        match rest {
+            "" if !name.is_empty() => redirect(&format!("{PREFIX}/apps/{name}/")),
+            "/" => text(StatusCode::OK, "text/html; charset=utf-8", APP),
+            "/status" => text(StatusCode::OK, "application/json", self.app_status(m).to_string()),
+            "/logs" => logs::answer(name, self.registry.logs.app_log(name, m.config.log_buffer), query),
+            _ => error(
+                StatusCode::NOT_FOUND,
+                &format!("no such page of app {name:?}: try {PREFIX}/apps/{name}/ (its page), status or logs"),
+            ),
         }
     }
 
@@ -188,83 +236,19 @@ impl Admin {
             }
         }
     }
+}
 
-    fn status(&self) -> serde_json::Value {
-        let table = self.router.current();
-        let mut apps = Vec::new();
-        let mut all_workers = Vec::new();
-        let mut total = Gauges::default();
-        for m in table.apps() {
-            let mut workers = Vec::new();
-            let mut g = Gauges::default();
-            for sup in std::iter::once(&m.sup).chain(m.older.iter()) {
-                let status = sup.status();
-                g.add(&status.gauges);
-                for w in status.workers {
-                    let mut w = serde_json::to_value(&w).unwrap_or_default();
-                    w["app"] = m.config.name.clone().into();
-                    workers.push(w);
-                }
-            }
-            total.add(&g);
-            all_workers.extend(workers.iter().cloned());
-            let c = &m.config;
-            apps.push(serde_json::json!({
-                "name": c.name,
-                "path": c.prefix,
-                "hostname": c.hostname,
-                "kind": c.source.family(),
-                "file": c.source.path(),
-                "preload": c.preload,
-                "ready": m.sup.ready(),
-                "generations": 1 + m.older.len(),
-                "pool": { "starting": g.starting, "idle": g.idle, "busy": g.busy, "waiting": g.waiting,
-                          "pending": g.pending, "draining": g.draining,
-                          "n_min": c.n_min, "n_max": c.n_max },
-                "queue": { "waiting": g.queued, "limit": c.queue_size, "timeout_s": c.queue_timeout.as_secs_f64() },
-                "sessions": g.sessions,
-                "saturation": g.saturation(),
-                // Whom its R runs as and how it is kept apart (none for static content: valve serves it).
-                "user": (!c.is_static()).then(|| c.account.name.clone()),
-                "uid": (!c.is_static()).then_some(c.account.uid),
-                "isolation": (!c.is_static()).then(|| isolation(c, self.isolation)),
-                "memory_limit": c.memory_limit,
-                "memory_limit_errors": m.sup.metrics.memory_limit_errors(),
-                "workers": workers,
-                "history": m.sup.metrics.history(),
-                "published": self.publisher.get().and_then(|p| p.status_of(&c.name)),
-                "settings": {
-                    "max_age_s": c.max_age.as_secs_f64(),
-                    "request_timeout_s": c.request_timeout.map(|d| d.as_secs_f64()),
-                    "max_body_size": c.max_body_size,
-                    "max_requests": c.max_requests,
-                    "max_worker_memory": c.max_worker_memory,
-                    "max_sessions": c.max_sessions,
-                    "max_pending": c.max_pending,
-                    "reconnect_window_s": c.reconnect_window.as_secs_f64(),
-                },
-            }));
-        }
-        let first = table.apps().first();
-        serde_json::json!({
-            "version": env!("CARGO_PKG_VERSION"),
-            "uptime_s": self.started.elapsed().as_secs_f64(),
-            "draining": self.stopping.is_cancelled(),
-            "ready": self.ready(),
-            "max_workers": self.fleet.max_workers(),
-            "r_processes": self.fleet.processes(),
-            "workers": all_workers,
-            "pool": { "starting": total.starting, "idle": total.idle, "busy": total.busy, "waiting": total.waiting,
-                      "pending": total.pending, "draining": total.draining,
-                      "n_min": first.map(|m| m.config.n_min), "n_max": first.map(|m| m.config.n_max) },
-            "queue": { "waiting": total.queued,
-                       "limit": first.map(|m| m.config.queue_size),
-                       "timeout_s": first.map(|m| m.config.queue_timeout.as_secs_f64()) },
-            "history": first.map(|m| m.sup.metrics.history()).unwrap_or_default(),
-            "apps": apps,
-            "config": self.config,
-        })
-    }
+/// 404 for an app valve does not serve, naming a few it does.
+fn no_such_app(name: &str, table: &Table) -> Response<ReplyBody> {
+    let mut names: Vec<&str> = table.apps().iter().map(|m: &Arc<Mounted>| m.config.name.as_str()).collect();
+    names.sort();
+    let some = names.iter().take(10).copied().collect::<Vec<_>>().join(", ");
+    let more = if names.len() > 10 { format!(" and {} more", names.len() - 10) } else { String::new() };
+    let shown = if valid_name(name) { format!("{name:?}") } else { "by that name".to_string() };
+    error(
+        StatusCode::NOT_FOUND,
+        &format!("no app {shown} is served here; the apps are: {some}{more} (see {PREFIX}/apps)"),
+    )
 }
 
 /// `/` under `--site`: the apps, as a plain page of links.
@@ -322,9 +306,10 @@ impl Pages for Admin {
         &'a self,
         method: &'a Method,
         path: &'a str,
+        query: Option<&'a str>,
         private: bool,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response<ReplyBody>> + Send + 'a>> {
-        Box::pin(Admin::handle(self, method, path, private))
+        Box::pin(Admin::handle(self, method, path, query, private))
     }
 
     fn listing(&self, table: &Table) -> Response<ReplyBody> {
@@ -333,7 +318,7 @@ impl Pages for Admin {
 }
 
 /// How an app is kept apart, as the status page says it.
-fn isolation(app: &AppConfig, site: Isolation) -> &'static str {
+pub(super) fn isolation(app: &AppConfig, site: Isolation) -> &'static str {
     match app.account.kind {
         AccountKind::Root => "none: runs as root (run_as = \"root\")",
         AccountKind::Valve => Isolation::Shared.label(),

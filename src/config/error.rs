@@ -64,6 +64,8 @@ pub enum ConfigError {
     /// Whom apps run as, or what their users can read (one line per problem).
     #[error("{0}")]
     Isolation(String),
+    #[error("--usage-log {path}: {why}")]
+    UsageLog { path: String, why: String },
 }
 
 /// `--shiny-reconnect-window`: the longest (a day).
@@ -135,6 +137,28 @@ pub fn parse_size(flag: &'static str, value: &str) -> Result<u64, ConfigError> {
         return Err(bad());
     }
     Ok(bytes as u64)
+}
+
+/// `--log-buffer`: a size, or 0 to keep no log.
+pub(super) fn parse_log_buffer(flag: &'static str, value: &str) -> Result<u64, ConfigError> {
+    if value.trim() == "0" {
+        return Ok(0);
+    }
+    parse_size(flag, value)
+}
+
+/// What is wrong with a usage log's path: it must name a file in a folder that exists.
+pub(super) fn usage_log_problem(path: &std::path::Path) -> Option<String> {
+    if path.is_dir() {
+        return Some("is a folder: name a file in it, such as usage.jsonl".into());
+    }
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    (!folder.is_dir()).then(|| {
+        format!("its folder {} does not exist: create it, or name a file in a folder that does", folder.display())
+    })
 }
 
 /// Parses a number of seconds (`10`, `0.5`); `allow_zero` where 0 means "none".

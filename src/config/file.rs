@@ -15,8 +15,8 @@ use toml::Spanned;
 
 use super::discover;
 use super::error::{
-    parse_reconnect_window, parse_seconds, parse_session_buffer, parse_size, show_size, ConfigError,
-    MAX_RECONNECT_WINDOW, MIN_SESSION_BUFFER, RECONNECT_RANGE, SESSION_BUFFER_RANGE,
+    parse_log_buffer, parse_reconnect_window, parse_seconds, parse_session_buffer, parse_size, show_size,
+    usage_log_problem, ConfigError, MAX_RECONNECT_WINDOW, MIN_SESSION_BUFFER, RECONNECT_RANGE, SESSION_BUFFER_RANGE,
 };
 use super::flags::Args;
 use super::flags::{parse_memory_limit, valves_own};
@@ -182,7 +182,7 @@ impl<'a> Cx<'a> {
             self.published(p, &mut apps, base);
         }
         let private = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
-        let server = self.server(&apps, private, publish?)?;
+        let server = self.server(&apps, base, private, publish?)?;
         if let Some(range) = self.uid_range() {
             for (i, why) in settle(&mut apps, &self.args.kernel, range) {
                 // The app's own run_as, else the top level's; a folder problem at the app's table
@@ -240,7 +240,13 @@ impl<'a> Cx<'a> {
         }
     }
 
-    fn server(&mut self, apps: &[AppConfig], config_file: PathBuf, publish: Option<Publishing>) -> Option<Server> {
+    fn server(
+        &mut self,
+        apps: &[AppConfig],
+        base: &Path,
+        config_file: PathBuf,
+        publish: Option<Publishing>,
+    ) -> Option<Server> {
         let a = self.args;
         let host = self.string("host", None, &a.host)?;
         let port = self.count("port", None, a.port as u64, 0, u16::MAX as u64)? as u16;
@@ -271,6 +277,8 @@ impl<'a> Cx<'a> {
             None => Some(a.state_dir()),
         };
         let state_dir = state_dir?;
+        let usage_log = self.usage_log(base);
+        let usage_anonymize = self.boolean("usage_anonymize", None, a.usage_anonymize);
         Some(Server {
             host,
             port,
@@ -293,7 +301,42 @@ impl<'a> Cx<'a> {
             state_dir,
             isolation: Isolation::from_kernel(&a.kernel),
             valve_uid: a.kernel.uid,
+            usage_log: usage_log?,
+            usage_anonymize: usage_anonymize?,
         })
+    }
+
+    /// `usage_log`: a file (relative to the config file's folder) in a folder that exists.
+    fn usage_log(&mut self, base: &Path) -> Option<Option<PathBuf>> {
+        let Some(v) = self.pick("usage_log", None) else {
+            let flag = self.args.usage_log.clone();
+            if let Some(why) = flag.as_deref().and_then(usage_log_problem) {
+                let path = flag.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
+                self.nowhere(ConfigError::UsageLog { path, why }.to_string());
+                return None;
+            }
+            return Some(flag);
+        };
+        let Some(path) = v.get_ref().as_str().filter(|p| !p.is_empty()) else {
+            self.at(v.span(), format!("usage_log = {}: must be a path, such as \"usage.jsonl\"", v.get_ref()));
+            return None;
+        };
+        let path = base.join(path);
+        if let Some(why) = usage_log_problem(&path) {
+            self.at(v.span(), format!("usage_log = {:?}: {why}", path.display().to_string()));
+            return None;
+        }
+        Some(Some(path))
+    }
+
+    /// `log_buffer`: a size, or 0 to keep no log.
+    fn log_buffer(&mut self, app: Option<&Table>) -> Option<u64> {
+        match self.pick("log_buffer", app) {
+            Some(v) if matches!(v.get_ref(), toml::Value::Integer(0)) => Some(0),
+            Some(v) if v.get_ref().as_str().is_some_and(|s| s.trim() == "0") => Some(0),
+            Some(v) => self.size("log_buffer", v),
+            None => self.flag_result(parse_log_buffer("--log-buffer", &self.args.log_buffer)),
+        }
     }
 
     /// `shiny_session_buffer` (at least 64KiB) and `shiny_buffer_total` (at
@@ -433,6 +476,7 @@ impl<'a> Cx<'a> {
                 None => Some(None),
             },
         };
+        let log_buffer = self.log_buffer(t);
         Some(
             AppConfig {
                 name: name?,
@@ -459,6 +503,7 @@ impl<'a> Cx<'a> {
                 run_as: run_as?,
                 account: valves_own(&a.kernel),
                 memory_limit: memory_limit?,
+                log_buffer: log_buffer?,
                 source: source?,
             }
             .fit_to_source(),

@@ -8,7 +8,8 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use super::access::{self, Trust, DEFAULT_EMAIL_HEADER, DEFAULT_GROUPS_HEADER, DEFAULT_USER_HEADER};
 use super::discover::{self, AppSource};
 use super::error::{
-    check_buffer_total, parse_reconnect_window, parse_seconds, parse_session_buffer, parse_size, ConfigError,
+    check_buffer_total, parse_log_buffer, parse_reconnect_window, parse_seconds, parse_session_buffer, parse_size,
+    usage_log_problem, ConfigError,
 };
 use super::model::{admin_addr, transport, AppConfig, Config, Server};
 use super::publish::{self, Candidate, Publishing, VersionRule};
@@ -268,6 +269,21 @@ pub struct Args {
         value_name = "START-END"
     )]
     pub uid_range: String,
+    /// The most bytes of each app's log valve keeps in memory: what its R processes print (stdout
+    /// and stderr, per worker) and valve's own lines about the app, served at
+    /// /__valve__/apps/NAME/logs and live on the app's dashboard page (0: none).
+    #[arg(long = "log-buffer", env = "VALVE_LOG_BUFFER", default_value = "1MiB", value_name = "SIZE")]
+    pub log_buffer: String,
+
+    /// Append each Shiny session and each app's requests per user per hour to FILE as JSON lines,
+    /// and read its tail back at start, so /__valve__/usage survives restarts.
+    #[arg(long = "usage-log", env = "VALVE_USAGE_LOG", value_name = "FILE")]
+    pub usage_log: Option<PathBuf>,
+
+    /// Keep a keyed hash of each user instead of the name in the usage list and log; the key is
+    /// kept in FILE.key (mode 0600) beside --usage-log, so a user hashes the same across restarts.
+    #[arg(long = "usage-anonymize", env = "VALVE_USAGE_ANONYMIZE")]
+    pub usage_anonymize: bool,
 
     /// Seconds a client gets to send a request's headers before it is cut off.
     #[arg(long = "header-timeout", env = "VALVE_HEADER_TIMEOUT", default_value = "30", value_name = "SECONDS")]
@@ -600,6 +616,7 @@ impl Args {
             run_as: RunAs::parse(self.run_as.as_deref().unwrap_or("")),
             account: valves_own(&self.kernel),
             memory_limit: self.memory_limit.as_deref().map(|v| parse_memory_limit("--memory-limit", v)).transpose()?,
+            log_buffer: parse_log_buffer("--log-buffer", &self.log_buffer)?,
             source,
         }
         .fit_to_source())
@@ -625,6 +642,10 @@ impl Args {
         let shiny_session_buffer = parse_session_buffer("--shiny-session-buffer", &self.shiny_session_buffer)?;
         let shiny_buffer_total = parse_size("--shiny-buffer-total", &self.shiny_buffer_total)?;
         check_buffer_total(shiny_session_buffer, shiny_buffer_total)?;
+        if let Some(why) = self.usage_log.as_deref().and_then(usage_log_problem) {
+            let path = self.usage_log.as_deref().unwrap_or(Path::new("")).display().to_string();
+            return Err(ConfigError::UsageLog { path, why });
+        }
         Ok(Server {
             host: self.host.clone(),
             port: self.port,
@@ -651,6 +672,8 @@ impl Args {
             isolation: Isolation::from_kernel(&self.kernel),
             valve_uid: self.kernel.uid,
             private_paths,
+            usage_log: self.usage_log.clone(),
+            usage_anonymize: self.usage_anonymize,
         })
     }
 
@@ -903,5 +926,20 @@ mod tests {
         assert_eq!(a.healthcheck_url().unwrap(), "http://127.0.0.1:8080/__valve__/healthz");
         assert_eq!(args(&["--healthcheck", "http://x:1/y"]).healthcheck_url().unwrap(), "http://x:1/y");
         assert_eq!(args(&[]).healthcheck_url(), None);
+    }
+
+    #[test]
+    fn log_buffer_and_usage_log_flags_are_checked() {
+        let (_d, api) = api();
+        let c = args(&["-f", &api, "--log-buffer", "64KiB", "--usage-anonymize"]).single().unwrap();
+        assert_eq!((c.apps[0].log_buffer, c.server.usage_anonymize), (64 << 10, true));
+        assert_eq!(args(&["-f", &api, "--log-buffer", "0"]).single().unwrap().apps[0].log_buffer, 0);
+        let err = args(&["-f", &api, "--log-buffer", "big"]).single().unwrap_err().to_string();
+        assert!(err.contains("--log-buffer \"big\" is not a size"), "{err}");
+        let err = args(&["-f", &api, "--usage-log", "/no/such/folder/usage.jsonl"]).single().unwrap_err().to_string();
+        assert_eq!(err, "--usage-log /no/such/folder/usage.jsonl: its folder /no/such/folder does not exist: create it, or name a file in a folder that does");
+        let dir = tempfile::tempdir().unwrap();
+        let err = args(&["-f", &api, "--usage-log", dir.path().to_str().unwrap()]).single().unwrap_err().to_string();
+        assert!(err.ends_with("is a folder: name a file in it, such as usage.jsonl"), "{err}");
     }
 }

@@ -23,6 +23,7 @@ pub(super) const APP_KEYS: &[&str] = &[
     "env",
     "run_as",
     "memory_limit",
+    "log_buffer",
 ];
 
 /// Who may use an app: in an `[[app]]` table (static ones too) and at the
@@ -65,6 +66,8 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "publish_max_files",
     "state_dir",
     "uid_range",
+    "usage_log",
+    "usage_anonymize",
 ];
 
 /// The flag a key stands for, for messages about flag values.
@@ -86,6 +89,7 @@ pub(super) fn flag_name(key: &str) -> &'static str {
         "auth_cache" => "--auth-cache",
         "publish_max_size" => "--publish-max-size",
         "memory_limit" => "--memory-limit",
+        "log_buffer" => "--log-buffer",
         _ => "a setting",
     }
 }

@@ -114,6 +114,11 @@ pub struct Server {
     /// Files and folders of valve's own that no app sees (the config file,
     /// the site folder, the state directory).
     pub private_paths: Vec<PathBuf>,
+    /// Where Shiny sessions and requests per user per hour are appended
+    /// (JSON lines) and read back from at start.
+    pub usage_log: Option<PathBuf>,
+    /// Keep a keyed hash instead of each user in the usage list and log.
+    pub usage_anonymize: bool,
 }
 
 /// How valve reaches a plumber worker.
@@ -170,6 +175,9 @@ pub struct AppConfig {
     pub account: Account,
     /// The most memory one of its workers may take (RLIMIT_DATA), in bytes.
     pub memory_limit: Option<u64>,
+    /// The most bytes of the app's log (its R output and valve's lines
+    /// about it) kept in memory; 0: none. A reload applies it at once.
+    pub log_buffer: u64,
 }
 
 impl AppConfig {
@@ -194,7 +202,7 @@ impl AppConfig {
     /// Whether `other` needs a new generation of workers to serve: any
     /// difference but the allow lists, which apply to requests as they come.
     pub fn same_workers(&self, other: &AppConfig) -> bool {
-        AppConfig { allow: other.allow.clone(), ..self.clone() } == *other
+        AppConfig { allow: other.allow.clone(), log_buffer: other.log_buffer, ..self.clone() } == *other
     }
 
     /// What the app's kind allows, whatever the flags or defaults say: a

@@ -546,6 +546,7 @@ impl Forwarder {
         self.sessions.spawn(async move {
             let (Ok(client), Ok(worker)) = tokio::join!(client, worker) else { return };
             sup.session(id, true, Some(token));
+            let _usage = sup.metrics.session(id, user.as_deref());
             let _user = user.map(|u| sup.signed_in(id, u));
             let mut client = TokioIo::new(client);
             let mut worker = TokioIo::new(worker);

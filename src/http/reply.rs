@@ -32,6 +32,9 @@ pub enum ReplyBody {
     File(FileBody),
     /// A Shiny worker's answer, streamed (a download may be long).
     Stream(AnswerBody),
+    /// Written by a task of valve's own as it goes (an app's log, followed);
+    /// the channel is bounded, and the task ends when the client leaves.
+    Live(tokio::sync::mpsc::Receiver<Bytes>),
 }
 
 impl ReplyBody {
@@ -51,6 +54,7 @@ impl Body for ReplyBody {
             ReplyBody::Full(full) => Pin::new(full).poll_frame(cx).map_err(|never| match never {}),
             ReplyBody::File(file) => Pin::new(file).poll_frame(cx).map_err(Into::into),
             ReplyBody::Stream(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            ReplyBody::Live(rx) => rx.poll_recv(cx).map(|chunk| chunk.map(|c| Ok(Frame::data(c)))),
         }
     }
 
@@ -60,6 +64,7 @@ impl Body for ReplyBody {
             ReplyBody::Full(full) => full.is_end_stream(),
             ReplyBody::File(file) => file.is_end_stream(),
             ReplyBody::Stream(body) => body.is_end_stream(),
+            ReplyBody::Live(_) => false,
         }
     }
 
@@ -69,6 +74,7 @@ impl Body for ReplyBody {
             ReplyBody::Full(full) => full.size_hint(),
             ReplyBody::File(file) => file.size_hint(),
             ReplyBody::Stream(body) => body.size_hint(),
+            ReplyBody::Live(_) => SizeHint::default(),
         }
     }
 }

@@ -39,12 +39,14 @@ use crate::worker::ClientAddrs;
 /// implements it and `lib.rs` hands it in, so this module names no layer
 /// above it.
 pub trait Pages: Send + Sync {
-    /// Answers a path for which `config::is_admin_path` holds. `private`: the
-    /// request came to the admin listener (or the main port serves every page).
+    /// Answers a path for which `config::is_admin_path` holds, with its query
+    /// string. `private`: the request came to the admin listener (or the main
+    /// port serves every page).
     fn handle<'a>(
         &'a self,
         method: &'a http::Method,
         path: &'a str,
+        query: Option<&'a str>,
         private: bool,
     ) -> Pin<Box<dyn Future<Output = Response<ReplyBody>> + Send + 'a>>;
     /// `--site`'s page at `/` when no app is mounted there.
@@ -146,7 +148,7 @@ impl Front {
             return reconnect_script();
         }
         if is_admin_path(req.uri().path()) {
-            return self.admin.handle(req.method(), req.uri().path(), self.admin_on_main).await;
+            return self.admin.handle(req.method(), req.uri().path(), req.uri().query(), self.admin_on_main).await;
         }
         let table = self.router.current();
         let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).or_else(|| req.uri().host());
@@ -172,6 +174,7 @@ impl Front {
         let took = start.elapsed();
         let status = resp.status().as_u16();
         mounted.sup.metrics.request(&method, status, took);
+        mounted.sup.metrics.user_request(served.user.as_deref());
         if let Some(path) = path {
             tracing::info!(
                 target: "valve::access",
@@ -436,7 +439,7 @@ pub fn serve_admin(
             let path = req.uri().path();
             match publish {
                 Some(p) if p.wants(path, true) => p.handle(req, true).await,
-                _ if is_admin_path(path) => admin.handle(req.method(), path, true).await,
+                _ if is_admin_path(path) => admin.handle(req.method(), path, req.uri().query(), true).await,
                 _ => error(StatusCode::NOT_FOUND, "the admin listener serves /__valve__/ only"),
             }
         })

@@ -17,10 +17,12 @@ use crate::worker::WorkerId;
 
 mod auth;
 mod family;
+mod session;
 mod shiny;
 pub use auth::{AuthCounts, AuthResult};
 pub use family::Histogram;
-use family::{header, BUCKETS};
+use family::{header, BUCKETS, LONG_BUCKETS};
+pub use session::{SessionLength, SessionUse};
 pub use shiny::{Reconnects, SessionEnd};
 
 const METHODS: [&str; 8] = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "OTHER"];
@@ -141,6 +143,8 @@ pub struct Point {
     #[serde(rename = "t")]
     pub unix: u64,
     pub requests: u64,
+    /// Answers with a 5xx status.
+    pub errors: u64,
     pub p50: Option<f64>,
     pub p99: Option<f64>,
     pub queued: usize,
@@ -151,9 +155,25 @@ pub struct Point {
 /// Seconds of history the dashboard shows.
 const HISTORY: usize = 300;
 
+/// Seconds the site dashboard's figures cover (requests per second, p50, p99, error rate).
+pub const RECENT: usize = 60;
+
+/// An app's last `RECENT` seconds, from its request-duration histogram.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct Recent {
+    pub seconds: usize,
+    pub requests: u64,
+    pub errors: u64,
+    pub p50: Option<f64>,
+    pub p99: Option<f64>,
+}
+
 struct History {
     points: VecDeque<Point>,
+    /// The histogram's buckets at each of the last `RECENT` + 1 ticks.
+    window: VecDeque<[u64; BUCKETS.len()]>,
     last_total: u64,
+    last_errors: u64,
     last_buckets: [u64; BUCKETS.len()],
 }
 
@@ -211,6 +231,12 @@ pub struct AppMetrics {
     exits: [AtomicU64; ExitReason::ALL.len()],
     rejected: [AtomicU64; Rejection::ALL.len()],
     sessions_opened: AtomicU64,
+    /// Answers with a 5xx status (the dashboard's error rate).
+    errors: AtomicU64,
+    /// How long Shiny sessions lasted.
+    pub session_length: Arc<SessionLength>,
+    /// Where sessions and requests by user are kept (the registry's, shared by every app).
+    usage: Arc<crate::usage::Usage>,
     /// Resumable Shiny sessions (issue 29).
     pub reconnects: Reconnects,
     memory: Mutex<BTreeMap<WorkerId, u64>>,
@@ -231,8 +257,8 @@ fn method_index(m: &Method) -> usize {
 /// 3.0 Gb`, `cannot allocate memory block of size ...`).
 const ALLOCATION_FAILED: [&str; 2] = ["cannot allocate vector of size", "cannot allocate memory block of size"];
 
-impl crate::worker::Tap for AppMetrics {
-    fn line(&self, worker: WorkerId, line: &str) {
+impl crate::worker::OutputHook for AppMetrics {
+    fn line(&self, worker: WorkerId, _pid: u32, _stream: crate::worker::Stream, line: &str) {
         let limit = self.memory_limit();
         if limit == 0 || !ALLOCATION_FAILED.iter().any(|m| line.contains(m)) {
             return;
@@ -258,7 +284,12 @@ impl AppMetrics {
         self.memory_limit_errors.load(Relaxed)
     }
 
+    /// An app's metrics with usage of its own (kept in memory only).
     pub fn new(name: &str) -> Self {
+        Self::with_usage(name, Arc::default())
+    }
+
+    fn with_usage(name: &str, usage: Arc<crate::usage::Usage>) -> Self {
         AppMetrics {
             name: name.to_string(),
             requests: (0..METHODS.len() * STATUSES).map(|_| AtomicU64::new(0)).collect(),
@@ -268,6 +299,9 @@ impl AppMetrics {
             exits: Default::default(),
             rejected: Default::default(),
             sessions_opened: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            session_length: Arc::new(Histogram::with_bounds(&LONG_BUCKETS)),
+            usage,
             reconnects: Reconnects::new(),
             memory: Mutex::new(BTreeMap::new()),
             memory_limit: AtomicU64::new(0),
@@ -275,7 +309,9 @@ impl AppMetrics {
             pending: Mutex::new(BTreeMap::new()),
             history: Mutex::new(History {
                 points: VecDeque::with_capacity(HISTORY),
+                window: VecDeque::with_capacity(RECENT + 1),
                 last_total: 0,
+                last_errors: 0,
                 last_buckets: [0; BUCKETS.len()],
             }),
         }
@@ -284,7 +320,22 @@ impl AppMetrics {
     pub fn request(&self, method: &Method, status: u16, took: Duration) {
         let s = usize::from(status).min(STATUSES - 1);
         self.requests[method_index(method) * STATUSES + s].fetch_add(1, Relaxed);
+        if s >= 500 {
+            self.errors.fetch_add(1, Relaxed);
+        }
         self.request_duration.observe(took);
+    }
+
+    /// A Shiny session opened on `worker`, for `user` if one signed in:
+    /// counted (its length, and in the usage list) when the guard is dropped.
+    pub fn session(&self, worker: WorkerId, user: Option<&str>) -> SessionUse {
+        SessionUse::new(self.session_length.clone(), self.usage.open_session(&self.name, worker, user))
+    }
+
+    /// A request to the app from `user` (None: nobody signed in), for the
+    /// usage list's requests per user per hour.
+    pub fn user_request(&self, user: Option<&str>) {
+        self.usage.request(&self.name, user);
     }
 
     pub fn session_opened(&self) {
@@ -323,10 +374,12 @@ impl AppMetrics {
             *d = buckets[i].saturating_sub(h.last_buckets[i]);
         }
         let requests = total.saturating_sub(h.last_total);
+        let errors = self.errors.load(Relaxed);
         let unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let point = Point {
             unix,
             requests,
+            errors: errors.saturating_sub(h.last_errors),
             p50: quantile(&deltas, requests, 0.5),
             p99: quantile(&deltas, requests, 0.99),
             queued: g.queued,
@@ -334,11 +387,38 @@ impl AppMetrics {
             idle: g.idle,
         };
         h.last_total = total;
+        h.last_errors = errors;
         h.last_buckets = buckets;
         if h.points.len() == HISTORY {
             h.points.pop_front();
         }
         h.points.push_back(point);
+        if h.window.len() > RECENT {
+            h.window.pop_front();
+        }
+        h.window.push_back(buckets);
+    }
+
+    /// The last `RECENT` seconds (fewer just after start): requests, 5xx
+    /// answers, and p50 and p99 from the histogram's buckets over them.
+    pub fn recent(&self) -> Recent {
+        let h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+        let (Some(first), Some(last)) = (h.window.front(), h.window.back()) else { return Recent::default() };
+        let mut deltas = [0; BUCKETS.len()];
+        for (i, d) in deltas.iter_mut().enumerate() {
+            *d = last[i].saturating_sub(first[i]);
+        }
+        let seconds = h.window.len() - 1;
+        let recent = h.points.iter().rev().take(seconds);
+        let (requests, errors) = recent.fold((0, 0), |(r, e), p| (r + p.requests, e + p.errors));
+        let counted = deltas.iter().sum();
+        Recent {
+            seconds,
+            requests,
+            errors,
+            p50: quantile(&deltas, counted, 0.5),
+            p99: quantile(&deltas, counted, 0.99),
+        }
     }
 
     pub fn history(&self) -> Vec<Point> {
@@ -346,10 +426,15 @@ impl AppMetrics {
     }
 }
 
-/// Every app's metrics, by app name, plus valve-wide counters.
+/// Every app's metrics, by app name, plus valve-wide counters, and what
+/// valve keeps of each app besides: its log and its usage.
 #[derive(Default)]
 pub struct Registry {
     apps: Mutex<BTreeMap<String, Arc<AppMetrics>>>,
+    /// Every app's log buffer (R's output and valve's lines about the app).
+    pub logs: Arc<crate::applog::Logs>,
+    /// Shiny sessions and requests by user, of every app.
+    pub usage: Arc<crate::usage::Usage>,
     /// Counts log lines dropped because the log's reader fell behind.
     log_dropped: std::sync::OnceLock<Box<dyn Fn() -> u64 + Send + Sync>>,
     /// The forward-auth service's answers.
@@ -368,7 +453,7 @@ impl Registry {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .entry(name.to_string())
-            .or_insert_with(|| Arc::new(AppMetrics::new(name)))
+            .or_insert_with(|| Arc::new(AppMetrics::with_usage(name, self.usage.clone())))
             .clone()
     }
 
@@ -469,6 +554,8 @@ impl Registry {
             );
         }
         shiny::render(&mut out, &apps.iter().map(|a| (a.name.as_str(), &a.reconnects)).collect::<Vec<_>>());
+        let lengths: Vec<(&str, &SessionLength)> = apps.iter().map(|a| (a.name.as_str(), &*a.session_length)).collect();
+        session::render(&mut out, &lengths, self.usage.dropped());
         header(
             &mut out,
             "valve_worker_memory_bytes",

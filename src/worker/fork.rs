@@ -33,13 +33,13 @@ use tokio::process::ChildStdin;
 use tokio::sync::{oneshot, watch, Mutex};
 
 use super::conn::{Conn, Connect};
-use super::output::{self, Tail};
+use super::output::{self, Sink, Stream, Tail, NOT_A_WORKER};
 use super::process::{pid_of, pidfd_open, Exit, MemoryProbe, Process, StartError, Stop};
 use super::spawn::{wait_answering, Spawner, Spec};
 use super::wire::{BoxFuture, WorkerId};
 
 /// The worker id the preload parent's own output is logged under.
-pub const PARENT_ID: WorkerId = 0;
+pub const PARENT_ID: WorkerId = NOT_A_WORKER;
 
 /// How the parent ended, for forks that were waiting on it.
 #[derive(Clone, Debug)]
@@ -111,10 +111,10 @@ impl ForkServer {
         }
         // Opened read-write so that it never reads end-of-file before the fork opens it.
         let output = tokio::net::unix::pipe::OpenOptions::new().read_write(true).open_receiver(&fifo)?;
-        let tail = Arc::new(Tail::tapped(spec.tap.clone(), id));
+        let tail = Arc::new(Tail::default());
         let (pid_tx, pid_rx) = oneshot::channel();
         let said_exit = Arc::new(StdMutex::new(None));
-        tokio::spawn(fork_output(output, id, tail.clone(), pid_tx, said_exit.clone()));
+        tokio::spawn(fork_output(output, spec.sink(id, tail.clone()), pid_tx, said_exit.clone()));
 
         // The fork's own frames token goes on the parent's private stdin ("-": none).
         let token = spec.frame_token(id).unwrap_or_else(|| "-".into());
@@ -255,8 +255,9 @@ async fn start_parent(spec: &Spec, spawner: &Spawner) -> Result<Parent, StartErr
     let pid = child.id().ok_or_else(|| io::Error::other("the preload parent exited at once"))?;
     let stdin = child.stdin.take().ok_or_else(|| io::Error::other("no stdin for the preload parent"))?;
     let tail = Arc::new(Tail::default());
-    output::forward(&mut child, PARENT_ID, tail.clone());
+    output::forward(&mut child, &spec.sink(PARENT_ID, tail.clone()));
     let (tx, gone) = watch::channel(None);
+    let app = spec.name.clone();
     tokio::spawn(async move {
         let status = child.wait().await;
         drop(own);
@@ -265,10 +266,10 @@ async fn start_parent(spec: &Spec, spawner: &Spawner) -> Result<Parent, StartErr
             Ok(s) => (Exit::from_status(s).describe(), s.code()),
             Err(e) => (format!("unknown ({e})"), None),
         };
-        tracing::warn!(worker = PARENT_ID, pid, status, "preload parent exited; forked workers keep serving");
+        tracing::warn!(app = %app, worker = PARENT_ID, pid, status, "preload parent exited; forked workers keep serving");
         let _ = tx.send(Some(ParentExit { status, code, tail: tail.lines() }));
     });
-    tracing::info!(worker = PARENT_ID, pid, "preload parent started: loading the API once");
+    tracing::info!(app = %spec.name, worker = PARENT_ID, pid, "preload parent started: loading the API once");
     Ok(Parent { pid, stdin, gone })
 }
 
@@ -276,8 +277,7 @@ async fn start_parent(spec: &Spec, spawner: &Spawner) -> Result<Parent, StartErr
 /// and the code it gave `quit()`, until the fork exits.
 async fn fork_output(
     fifo: tokio::net::unix::pipe::Receiver,
-    id: WorkerId,
-    tail: Arc<Tail>,
+    sink: Sink,
     pid_tx: oneshot::Sender<u32>,
     said_exit: Arc<StdMutex<Option<Exit>>>,
 ) {
@@ -294,7 +294,7 @@ async fn fork_output(
                 _ = fd.readable() => {
                     // Whatever it wrote before it exited is still in the pipe.
                     while let Ok(Some(line)) = tokio::time::timeout(Duration::from_millis(20), output::next_line(&mut reader)).await {
-                        handle_line(line, id, pid, &tail, &said_exit);
+                        handle_line(line, pid, &sink, &said_exit);
                     }
                     return;
                 }
@@ -310,11 +310,11 @@ async fn fork_output(
             }
             continue;
         }
-        handle_line(line, id, pid, &tail, &said_exit);
+        handle_line(line, pid, &sink, &said_exit);
     }
 }
 
-fn handle_line(line: String, id: WorkerId, pid: u32, tail: &Tail, said_exit: &StdMutex<Option<Exit>>) {
+fn handle_line(line: String, pid: u32, sink: &Sink, said_exit: &StdMutex<Option<Exit>>) {
     if let Some(code) = line.strip_prefix("valve-fork-exit ").and_then(|c| c.trim().parse::<i32>().ok()) {
         *said_exit.lock().unwrap_or_else(|p| p.into_inner()) = Some(Exit::Code(code));
         return;
@@ -322,8 +322,7 @@ fn handle_line(line: String, id: WorkerId, pid: u32, tail: &Tail, said_exit: &St
     if let Some(sig) = crash_reported(&line) {
         said_exit.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(Exit::Signal(sig));
     }
-    tracing::info!(target: "valve::worker::output", worker = id, pid, stream = "output", "{line}");
-    tail.push(line);
+    sink.line(pid, Stream::Output, line);
 }
 
 /// The signal of a crash R's own handler reports (R's sigactionSegv prints

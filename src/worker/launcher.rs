@@ -66,7 +66,7 @@ impl Launch for RLauncher {
                 (_, Some(port)) => {
                     Arc::new(EngineConnector::new(socket.clone(), SocketAddr::from((Ipv4Addr::LOCALHOST, port))))
                 }
-                (Some(hub), None) => Arc::new(hub.connector(id)),
+                (Some(hub), None) => Arc::new(hub.connector(id, self.spec.name.clone())),
                 (None, None) => Arc::new(SocketConnector::new(socket.clone())),
             };
             let process: Box<dyn Process> = match &self.forks {
@@ -83,9 +83,9 @@ impl Launch for RLauncher {
                     }
                     let (mut child, own) = self.spawner.spawn(&self.spec.r_bin, cmd).await?;
                     let pid = child.id().ok_or_else(|| io::Error::other("worker exited at once"))?;
-                    let tail = Arc::new(Tail::tapped(self.spec.tap.clone(), id));
-                    output::forward(&mut child, id, tail.clone());
-                    tracing::debug!(worker = id, pid, "worker launched");
+                    let tail = Arc::new(Tail::default());
+                    output::forward(&mut child, &self.spec.sink(id, tail.clone()));
+                    tracing::debug!(app = %self.spec.name, worker = id, pid, "worker launched");
                     Box::new(Plain::new(child, own, pid, tail)?)
                 }
             };

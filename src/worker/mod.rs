@@ -42,7 +42,7 @@ pub use conn::{
 };
 pub use frames::FrameHub;
 pub use launcher::{NoWorkers, RLauncher};
-pub use output::{Tail, Tap};
+pub use output::{OutputHook, Stream, Tail, NOT_A_WORKER};
 pub use process::{
     cpu_time, private_bytes, rss_bytes, Exit, Launch, Launched, MemoryProbe, Process, RenderError, StartError, Stop,
 };

@@ -1,14 +1,86 @@
-//! A worker's output: each line becomes a log event carrying the worker's id,
-//! and the last few are kept to explain a failed start. Lines are capped, so
-//! a worker printing without end cannot grow valve's memory.
+//! A worker's output: each line becomes a log event carrying the app and the
+//! worker's id, goes to the app's output hooks (its log buffer, say), and the
+//! last few are kept to explain a failed start. Lines are capped, so a worker
+//! printing without end cannot grow valve's memory.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Child;
 
 use super::wire::WorkerId;
+
+/// The worker id of an app's R process that is no worker: the preload
+/// parent, or the render of a `shiny_prerendered` document.
+pub const NOT_A_WORKER: WorkerId = 0;
+
+/// Which of a process's streams a line came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+    /// A fork's FIFO: what it printed to stdout and stderr, in one stream.
+    Output,
+}
+
+impl Stream {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+            Stream::Output => "output",
+        }
+    }
+}
+
+/// Hears every line an app's R processes print, besides valve's log (the
+/// app's log buffer, a watch for R's out-of-memory errors). Set on a
+/// `Spec` (`Spec::on_output`) by what builds the app's generation. Called
+/// on the task that reads the stream, one line at a time: it must return at
+/// once (no I/O, no waiting on a lock held across anything slow).
+pub trait OutputHook: Send + Sync {
+    /// `worker` is `NOT_A_WORKER` for the preload parent and the render;
+    /// `pid` is 0 for a fork's lines before it said its pid.
+    fn line(&self, worker: WorkerId, pid: u32, stream: Stream, line: &str);
+}
+
+/// The output hooks of one app's processes.
+#[derive(Clone, Default)]
+pub struct Hooks(Vec<Arc<dyn OutputHook>>);
+
+impl Hooks {
+    pub fn push(&mut self, hook: Arc<dyn OutputHook>) {
+        self.0.push(hook);
+    }
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Hooks({})", self.0.len())
+    }
+}
+
+/// Where one process's lines go: valve's log (with the app, worker, pid and
+/// stream), the app's hooks, and the tail kept to explain a failed start.
+#[derive(Clone, Debug)]
+pub struct Sink {
+    pub(super) app: Arc<str>,
+    pub(super) worker: WorkerId,
+    pub(super) hooks: Hooks,
+    pub(super) tail: Arc<Tail>,
+}
+
+impl Sink {
+    pub(super) fn line(&self, pid: u32, stream: Stream, line: String) {
+        tracing::info!(target: "valve::worker::output", app = %self.app, worker = self.worker, pid,
+            stream = stream.as_str(), "{line}");
+        for hook in &self.hooks.0 {
+            hook.line(self.worker, pid, stream, &line);
+        }
+        self.tail.push(line);
+    }
+}
 
 /// How many of a worker's last output lines are kept to explain a failed start.
 const TAIL_LINES: usize = 40;
@@ -16,33 +88,12 @@ const TAIL_LINES: usize = 40;
 /// The longest line logged whole; the rest of a longer one is dropped and counted.
 pub const MAX_LINE: usize = 16 * 1024;
 
-/// Sees every line a worker prints, beside the log (the app's metrics count
-/// R's failed allocations in it).
-pub trait Tap: Send + Sync {
-    fn line(&self, worker: WorkerId, line: &str);
-}
-
-/// The last lines a worker printed, kept to explain why it failed, and
-/// whatever taps its lines.
+/// The last lines a worker printed, kept to explain why it failed.
 #[derive(Debug, Default)]
-pub struct Tail(Mutex<VecDeque<String>>, Option<(std::sync::Arc<dyn Tap>, WorkerId)>);
-
-impl std::fmt::Debug for dyn Tap {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Tap")
-    }
-}
+pub struct Tail(Mutex<VecDeque<String>>);
 
 impl Tail {
-    /// A worker's tail whose lines `tap` sees too.
-    pub fn tapped(tap: Option<std::sync::Arc<dyn Tap>>, worker: WorkerId) -> Tail {
-        Tail(Mutex::new(VecDeque::new()), tap.map(|t| (t, worker)))
-    }
-
     pub fn push(&self, line: String) {
-        if let Some((tap, worker)) = &self.1 {
-            tap.line(*worker, &line);
-        }
         let mut lines = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if lines.len() == TAIL_LINES {
             lines.pop_front();
@@ -55,28 +106,19 @@ impl Tail {
     }
 }
 
-/// Logs a plain worker's stdout and stderr.
-pub fn forward(child: &mut Child, id: WorkerId, tail: std::sync::Arc<Tail>) {
+/// Reads a plain process's stdout and stderr into `sink`; returns the readers.
+pub fn forward(child: &mut Child, sink: &Sink) -> [Option<tokio::task::JoinHandle<()>>; 2] {
     let pid = child.id().unwrap_or_default();
-    if let Some(out) = child.stdout.take() {
-        tokio::spawn(log_lines(out, id, pid, "stdout", tail.clone()));
-    }
-    if let Some(err) = child.stderr.take() {
-        tokio::spawn(log_lines(err, id, pid, "stderr", tail));
-    }
+    [
+        child.stdout.take().map(|out| tokio::spawn(read_lines(out, sink.clone(), pid, Stream::Stdout))),
+        child.stderr.take().map(|err| tokio::spawn(read_lines(err, sink.clone(), pid, Stream::Stderr))),
+    ]
 }
 
-async fn log_lines(
-    stream: impl AsyncRead + Unpin,
-    id: WorkerId,
-    pid: u32,
-    name: &'static str,
-    tail: std::sync::Arc<Tail>,
-) {
+async fn read_lines(stream: impl AsyncRead + Unpin, sink: Sink, pid: u32, name: Stream) {
     let mut reader = BufReader::new(stream);
     while let Some(line) = next_line(&mut reader).await {
-        tracing::info!(target: "valve::worker::output", worker = id, pid, stream = name, "{line}");
-        tail.push(line);
+        sink.line(pid, name, line);
     }
 }
 

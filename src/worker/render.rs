@@ -12,10 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rustix::process::Signal;
-use tokio::io::{AsyncRead, BufReader};
 use tokio_util::sync::CancellationToken;
 
-use super::output::{next_line, Tail};
+use super::output::{forward, Tail, NOT_A_WORKER};
 use super::process::{pid_of, Exit, RenderError, StartError};
 use super::spawn::{Spawner, Spec};
 
@@ -58,7 +57,7 @@ pub(super) async fn prerender(spec: &Spec, spawner: &Spawner, stop: &Cancellatio
         one = lock.lock() => one,
         _ = stop.cancelled() => return Err(Failed::new("stopped before it was rendered")),
     };
-    tracing::info!(doc = %doc, "rendering the shiny_prerendered document once, before its workers start");
+    tracing::info!(app = %spec.name, doc = %doc, "rendering the shiny_prerendered document once, before its workers start");
     let started = Instant::now();
     let mut cmd = spec.command("render").map_err(|e| Failed::new(e.to_string()))?;
     cmd.stdin(Stdio::null());
@@ -69,10 +68,7 @@ pub(super) async fn prerender(spec: &Spec, spawner: &Spawner, stop: &Cancellatio
     let (mut child, _own) = spawner.spawn(&spec.r_bin, cmd).await.map_err(|e| Failed::new(e.to_string()))?;
     let pid = child.id().unwrap_or_default();
     let tail = Arc::new(Tail::default());
-    let readers = [
-        child.stdout.take().map(|s| tokio::spawn(log_lines(s, doc.clone(), pid, "stdout", tail.clone()))),
-        child.stderr.take().map(|s| tokio::spawn(log_lines(s, doc.clone(), pid, "stderr", tail.clone()))),
-    ];
+    let readers = forward(&mut child, &spec.sink(NOT_A_WORKER, tail.clone()));
     let ended = tokio::select! {
         status = child.wait() => Ok(status),
         _ = tokio::time::sleep(spec.render_timeout) => Err(format!(
@@ -99,7 +95,7 @@ pub(super) async fn prerender(spec: &Spec, spawner: &Spawner, stop: &Cancellatio
     match exit {
         Exit::Code(0) => {
             let said = lines.iter().rev().find_map(|l| l.strip_prefix("valve-render: ")).unwrap_or("rendered");
-            tracing::info!(doc = %doc, seconds = started.elapsed().as_secs_f64(), "{said}");
+            tracing::info!(app = %spec.name, doc = %doc, seconds = started.elapsed().as_secs_f64(), "{said}");
             Ok(())
         }
         exit => {
@@ -130,13 +126,4 @@ pub(super) fn quarto_binary() -> Result<PathBuf, String> {
         .map(|dir| dir.join("quarto"))
         .find(|p| p.is_file())
         .ok_or_else(|| format!("searched {}", searched.to_string_lossy()))
-}
-
-/// Logs the render's output as a worker's is logged, and keeps its last lines.
-async fn log_lines(stream: impl AsyncRead + Unpin, doc: String, pid: u32, name: &'static str, tail: Arc<Tail>) {
-    let mut reader = BufReader::new(stream);
-    while let Some(line) = next_line(&mut reader).await {
-        tracing::info!(target: "valve::worker::output", render = %doc, pid, stream = name, "{line}");
-        tail.push(line);
-    }
 }

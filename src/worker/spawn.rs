@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 
 use super::conn::{Conn, Connect};
 use super::frames::FrameHub;
-use super::output::Tail;
+use super::output::{Hooks, OutputHook, Sink, Tail};
 use super::process::{pid_of, pidfd_open, signal, Exit, MemoryProbe, Process, StartError, Stop};
 use super::reap;
 use super::sandbox::{self, Prepared, Sandbox};
@@ -66,6 +66,10 @@ pub struct Spec {
     pub env: Vec<(String, String)>,
     /// The longest a `shiny_prerendered` document's one render may take.
     pub render_timeout: Duration,
+    /// The app's name, on every log event about its processes.
+    pub name: Arc<str>,
+    /// What hears the app's output besides valve's log (`on_output`).
+    hooks: Hooks,
     run_dir: Arc<tempfile::TempDir>,
     launcher: PathBuf,
     /// Set when plumber workers are reached over frames (else httpuv).
@@ -75,8 +79,6 @@ pub struct Spec {
     /// A prerendered document's HTML, when its folder is not its user's to
     /// write: this generation's own folder (`VALVE_RENDER_DIR`).
     pub(super) render_dir: Option<PathBuf>,
-    /// Sees every line the app's workers print.
-    pub tap: Option<Arc<dyn super::output::Tap>>,
 }
 
 /// valve's private run directory (mode 0711: passable, not listable):
@@ -147,12 +149,13 @@ impl Spec {
             public_port,
             env,
             render_timeout: Duration::from_secs(120),
+            name: Arc::from(""),
+            hooks: Hooks::default(),
             run_dir,
             launcher,
             frames: None,
             sandbox: None,
             render_dir: None,
-            tap: None,
         }
     }
 
@@ -196,6 +199,16 @@ impl Spec {
             self.frames = Some(hub);
         }
         self
+    }
+
+    /// Every line the app's processes print goes to `hook` too.
+    pub fn on_output(&mut self, hook: Arc<dyn OutputHook>) {
+        self.hooks.push(hook);
+    }
+
+    /// Where the output of the app's process `worker` goes.
+    pub(super) fn sink(&self, worker: WorkerId, tail: Arc<Tail>) -> Sink {
+        Sink { app: self.name.clone(), worker, hooks: self.hooks.clone(), tail }
     }
 
     /// `R --file=launcher.R` with the environment every launcher mode reads,

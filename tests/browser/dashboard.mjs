@@ -1,5 +1,6 @@
-// Opens valve's dashboard in Debian's chromium (headless) and checks that it
-// lists every worker's pid and updates, without a reload, as requests flow.
+// Opens valve's dashboard in Debian's chromium (headless), follows the app's
+// link to its page, and checks that it lists every worker's pid and updates,
+// without a reload, as requests flow.
 // Usage: node dashboard.mjs VALVE_URL SCREENSHOT.png PID...
 // Prints one JSON line with what it saw; exits non-zero when a check fails.
 import { chromium } from "playwright-core";
@@ -15,6 +16,7 @@ const browser = await chromium.launch({
 try {
   const page = await browser.newPage({ viewport: { width: 1280, height: 860 } });
   await page.goto(`${process.env.VALVE_ADMIN || url}/__valve__/`);
+  await page.click("#rows tr td.name a", { timeout: 10000 });
   await page.waitForSelector("td.pid", { timeout: 10000 });
   const shown = await page.$$eval("td.pid", (cells) => cells.map((c) => c.textContent.trim()));
   for (const pid of pids) if (!shown.includes(pid)) fail(`worker pid ${pid} not listed (shown: ${shown})`);

@@ -264,10 +264,15 @@ fn check_refuses_a_bad_cidr_and_warns_of_an_allow_list_naming_nobody() {
 
 /// `shiny.mjs whoami` with `headers` on every request of a fresh browser.
 fn shiny_whoami(valve: &Valve, headers: &str) -> String {
+    shiny_whoami_at(valve, &valve.url, headers)
+}
+
+/// `shiny.mjs whoami` on the Shiny app at `url`, with `headers` on every request.
+pub(crate) fn shiny_whoami_at(valve: &Valve, url: &str, headers: &str) -> String {
     need_browser();
     let out = Command::new("node")
         .env("VALVE_ADMIN", valve.admin_url())
-        .args(["shiny.mjs", "whoami", &valve.url, headers])
+        .args(["shiny.mjs", "whoami", url, headers])
         .current_dir(browser_dir())
         .output()
         .expect("node runs (install nodejs and Debian's chromium; `npm ci` in tests/browser)");

@@ -25,6 +25,7 @@ const LAYERS: &[&[&str]] = &[
     &["config"],
     &["log", "shutdown", "healthcheck", "mac"],
     &["worker"],
+    &["applog", "usage"],
     &["metrics"],
     &["app"],
     &["http"],

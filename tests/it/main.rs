@@ -14,6 +14,7 @@ mod identity;
 mod isolation;
 mod layers;
 mod lifecycle;
+mod observe;
 mod placement;
 mod preload;
 mod publish;

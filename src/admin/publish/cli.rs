@@ -13,7 +13,7 @@ const LIMIT: Duration = Duration::from_secs(600);
 
 /// `valve versions APP`: the versions kept, the active one marked.
 pub async fn versions(admin: &str, app: &str) -> Result<String, String> {
-    let v = call(admin, http::Method::GET, &format!("/__valve__/apps/{app}/versions"), None).await?;
+    let v = call(admin, http::Method::GET, &format!("/__valve__/published/{app}/versions"), None).await?;
     let mut out = format!(
         "{} at {} (keeps {} versions{})\n",
         v["app"].as_str().unwrap_or(app),
@@ -45,7 +45,7 @@ pub async fn versions(admin: &str, app: &str) -> Result<String, String> {
 pub async fn activate(admin: &str, app: &str, version: u32) -> Result<String, String> {
     let body = serde_json::json!({ "version": version });
     let (status, v) =
-        call_raw(admin, http::Method::POST, &format!("/__valve__/apps/{app}/activate"), Some(body)).await?;
+        call_raw(admin, http::Method::POST, &format!("/__valve__/published/{app}/activate"), Some(body)).await?;
     let log: Vec<String> =
         v["log"].as_array().into_iter().flatten().filter_map(|l| l.as_str()).map(|l| format!("  {l}\n")).collect();
     if status == 200 && v["activated"] == true {
@@ -64,7 +64,7 @@ pub async fn access(
     groups: Option<Vec<String>>,
 ) -> Result<String, String> {
     let body = serde_json::json!({ "allow_users": users, "allow_groups": groups });
-    let v = call(admin, http::Method::POST, &format!("/__valve__/apps/{app}/access"), Some(body)).await?;
+    let v = call(admin, http::Method::POST, &format!("/__valve__/published/{app}/access"), Some(body)).await?;
     let mut out = match (&v["allow_users"], &v["allow_groups"]) {
         (Value::Null, Value::Null) => format!("{app}: open to everyone\n"),
         (u, g) => format!("{app}: allow_users {u}, allow_groups {g}\n"),

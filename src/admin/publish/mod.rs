@@ -2,7 +2,7 @@
 //! `rsconnect::deployApp()` (RStudio's Publish button) or the R package's
 //! `valve_deploy()`. The API lives on the admin listener (and, if asked,
 //! on an address of its own), under `/__api__/`, behind API keys; the admin
-//! listener alone also has valve's own `/__valve__/apps/` pages (versions,
+//! listener alone also has valve's own `/__valve__/published/` pages (versions,
 //! activate, access) that the `valve` subcommands use.
 //!
 //! Its rooms, from the bottom: `unpack` (a bundle unpacked safely), `store`

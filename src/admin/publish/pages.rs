@@ -32,7 +32,7 @@ pub(super) async fn handle(p: &Arc<Publisher>, req: Request<Incoming>) -> Respon
         (&Method::POST, [name, "access"]) => access(p, req, name).await,
         _ => Err(Fail::new(
             StatusCode::NOT_FOUND,
-            "valve's published-app pages: GET /__valve__/apps/, GET /__valve__/apps/NAME/versions, POST /__valve__/apps/NAME/activate {\"version\": N}, POST /__valve__/apps/NAME/access {\"allow_users\": [...], \"allow_groups\": [...]}",
+            "valve's published-app pages: GET /__valve__/published/, GET /__valve__/published/NAME/versions, POST /__valve__/published/NAME/activate {\"version\": N}, POST /__valve__/published/NAME/access {\"allow_users\": [...], \"allow_groups\": [...]}",
         )),
     };
     let resp = result.unwrap_or_else(failed);

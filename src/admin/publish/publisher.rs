@@ -17,7 +17,7 @@ use crate::config::publish::{read_keys, PublishKeys, Publishing};
 use crate::reload::Reloader;
 
 /// Where valve's own pages of published apps live (admin listener only).
-pub const PAGES: &str = "/__valve__/apps/";
+pub const PAGES: &str = "/__valve__/published/";
 
 /// The publishing API and what it keeps in memory (tasks, a summary of the
 /// published apps for the status page and metrics); `publish_dir` holds the rest.

@@ -354,3 +354,40 @@ fn auth_url_and_auth_cache_come_from_the_file_or_the_flags_and_are_checked() {
     let e = args(&["--auth-url", "http://auth/", "--auth-cache", "soon"]).trust().unwrap_err().to_string();
     assert!(e.contains("--auth-cache") && e.contains("soon"), "{e}");
 }
+
+#[test]
+fn log_buffer_and_usage_settings_from_the_file_and_flags() {
+    let with = GOOD
+        .replace(
+            "max_age = 60\n",
+            "max_age = 60\nlog_buffer = \"256KiB\"\nusage_log = \"logs/usage.jsonl\"\nusage_anonymize = true\n",
+        )
+        .replace("max_sessions = 10\n", "max_sessions = 10\nlog_buffer = 0\n");
+    let (d, path) = site_with(&with);
+    std::fs::create_dir(d.path().join("logs")).unwrap();
+    let c = load(&path, &args(&[])).unwrap();
+    assert_eq!(
+        (c.apps[0].log_buffer, c.apps[1].log_buffer),
+        (256 << 10, 0),
+        "the top level, then the app's own (0: none)"
+    );
+    let canonical = std::fs::canonicalize(d.path()).unwrap();
+    assert_eq!(c.server.usage_log, Some(canonical.join("logs/usage.jsonl")), "relative to the config file");
+    assert!(c.server.usage_anonymize);
+    let c = load(&site_with(GOOD).1, &args(&[])).unwrap();
+    assert_eq!(
+        (c.apps[0].log_buffer, c.server.usage_log.clone(), c.server.usage_anonymize),
+        (1 << 20, None, false),
+        "defaults"
+    );
+    // A different log size alone needs no new generation of workers.
+    let mut resized = c.apps[0].clone();
+    resized.log_buffer = 1;
+    assert!(c.apps[0].same_workers(&resized));
+
+    let (_d, path) =
+        site_with("usage_log = \"nowhere/usage.jsonl\"\nlog_buffer = \"lots\"\n[[app]]\nfile = \"explorer\"\n");
+    let text = load(&path, &args(&[])).unwrap_err().to_string();
+    assert!(text.contains(":1:13: usage_log = ") && text.contains("nowhere does not exist"), "{text}");
+    assert!(text.contains(":2:14: log_buffer = \"lots\": not a size"), "{text}");
+}

@@ -162,6 +162,7 @@ impl Resumes {
         let resumes = self.clone();
         self.tasks.spawn(async move {
             let (Ok(client), Ok(worker)) = tokio::join!(client, worker) else { return };
+            let usage = sup.metrics.session(id, user.as_deref());
             let _user = user.map(|u| sup.signed_in(id, u));
             let client = socket(client, Role::Server, BROWSER_MESSAGE).await;
             let worker = socket(worker, Role::Client, WORKER_MESSAGE).await;
@@ -181,6 +182,7 @@ impl Resumes {
                 held: resumes.held.clone(),
                 close: resumes.close.clone(),
                 drain: resumes.drain.clone(),
+                usage,
             };
             session.run(worker, client, &token, attached).await;
             resumes.table().remove(&sid);

@@ -19,7 +19,7 @@ use tokio_tungstenite::WebSocketStream;
 use super::bound::Held;
 use super::wire::{self, Arrival, FromBrowser, Inbox, Outbox, Payload};
 use crate::app::Supervisor;
-use crate::metrics::SessionEnd;
+use crate::metrics::{SessionEnd, SessionUse};
 use crate::worker::WorkerId;
 
 pub type Ws = WebSocketStream<TokioIo<Upgraded>>;
@@ -59,6 +59,8 @@ pub struct Session {
     pub close: tokio_util::sync::CancellationToken,
     /// Fired when valve drains: a browser away now cannot come back here.
     pub drain: tokio_util::sync::CancellationToken,
+    /// The session's length and reconnects, for metrics and the usage list (counted when the session ends).
+    pub usage: SessionUse,
 }
 
 /// How the loop ended, and what the browser is told.
@@ -246,6 +248,7 @@ impl Session {
                     if welcomed {
                         let was_away = away.take().map(|t| t.elapsed()).unwrap_or_default();
                         metrics.reconnects.resumed(was_away);
+                        self.usage.reconnected();
                         tracing::debug!(app = %app, session = %self.sid, away_s = was_away.as_secs_f64(), "a browser came back to its Shiny session");
                     }
                 }

@@ -18,7 +18,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch, Semaphore};
 
 use super::answer::{self, FrameHeader, HEADER_LEN};
-use super::link::Link;
+use super::link::{Link, Who};
 use crate::worker::conn::{Conn, Connect};
 use crate::worker::wire::{BoxFuture, WorkerId};
 
@@ -88,13 +88,14 @@ impl FrameHub {
         self.shared.token(id)
     }
 
-    /// Expects a hello from worker `id` (call before the worker can say it).
-    pub fn connector(&self, id: WorkerId) -> FrameConnector {
+    /// Expects a hello from worker `id` of app `app` (call before the worker can say it).
+    pub fn connector(&self, id: WorkerId, app: Arc<str>) -> FrameConnector {
         let (tx, rx) = oneshot::channel();
         self.shared.waiting().insert(id, tx);
         let (pid_tx, pid_rx) = watch::channel(None);
         FrameConnector {
             id,
+            app,
             hello: tokio::sync::Mutex::new(Some(Expected { rx, id, shared: self.shared.clone() })),
             expected_pid: pid_tx,
             pid_rx,
@@ -202,6 +203,8 @@ impl Drop for Expected {
 /// One frames worker: its hello (awaited once) and then its one link.
 pub struct FrameConnector {
     id: WorkerId,
+    /// The app's name, on the link's log events.
+    app: Arc<str>,
     hello: tokio::sync::Mutex<Option<Expected>>,
     /// The process that must have said the hello (a plain worker's process,
     /// or a fork's pid as it reported it).
@@ -231,6 +234,7 @@ impl FrameConnector {
         let root = pid_rx.wait_for(Option::is_some).await.ok().and_then(|p| *p);
         if !root.is_some_and(|root| same_or_descendant(hello.pid, root)) {
             tracing::error!(
+                app = %self.app,
                 worker = self.id,
                 hello_pid = hello.pid,
                 expected_pid = root,
@@ -238,7 +242,7 @@ impl FrameConnector {
             );
             return Err(io::Error::other("the hello came from another process"));
         }
-        let link = Link::start(hello.stream, self.id, hello.pid);
+        let link = Link::start(hello.stream, Who { app: self.app.clone(), id: self.id, pid: hello.pid });
         let mut conn = Conn::frames(link.clone());
         let pid = conn.ping().await?;
         if pid != Some(hello.pid) {

@@ -140,14 +140,22 @@ impl Drop for GiveUp<'_> {
     }
 }
 
+/// Whose connection a link is, for its log events.
+#[derive(Clone, Debug)]
+pub(super) struct Who {
+    pub(super) app: Arc<str>,
+    pub(super) id: WorkerId,
+    pub(super) pid: u32,
+}
+
 impl Link {
-    pub(super) fn start(stream: TcpStream, id: WorkerId, pid: u32) -> Link {
+    pub(super) fn start(stream: TcpStream, who: Who) -> Link {
         let (frames, rx) = mpsc::unbounded_channel();
         let alive = Arc::new(AtomicBool::new(true));
         let table = Arc::new(Table::default());
         let (rd, wr) = stream.into_split();
         tokio::spawn(write_frames(wr, rx, table.clone(), alive.clone()));
-        tokio::spawn(read_frames(BufReader::with_capacity(CHUNK, rd), table.clone(), alive.clone(), id, pid));
+        tokio::spawn(read_frames(BufReader::with_capacity(CHUNK, rd), table.clone(), alive.clone(), who));
         Link { frames, table, alive }
     }
 
@@ -290,32 +298,28 @@ enum Step {
 }
 
 /// The one task that reads a worker's connection: pongs, WAITING, answers.
-async fn read_frames(
-    mut rd: BufReader<OwnedReadHalf>,
-    table: Arc<Table>,
-    alive: Arc<AtomicBool>,
-    id: WorkerId,
-    pid: u32,
-) {
+async fn read_frames(mut rd: BufReader<OwnedReadHalf>, table: Arc<Table>, alive: Arc<AtomicBool>, who: Who) {
+    let (app, id, pid) = (&who.app, who.id, who.pid);
     loop {
         let h = match read_header(&mut rd).await {
             Ok(h) => h,
             Err(_) => break,
         };
         let step = match h.kind {
-            answer::PONG => pong(&mut rd, h, &table, id, pid).await,
-            answer::WAITING => waiting(h, &table, id, pid),
+            answer::PONG => pong(&mut rd, h, &table, &who).await,
+            answer::WAITING => waiting(h, &table, &who),
             answer::ANSWER => {
                 let entry = table.lock().requests.remove(&h.id);
                 if entry.is_none() {
                     tracing::error!(
+                        app = %app,
                         worker = id,
                         pid,
                         request = h.id,
                         "the worker answered a request valve did not send or no longer has; the answer is dropped"
                     );
                 }
-                answer(&mut rd, h, entry, id, pid).await
+                answer(&mut rd, h, entry, &who).await
             }
             kind => Step::Garbage(format!("a frame of unknown type {kind:#04x}")),
         };
@@ -323,7 +327,7 @@ async fn read_frames(
             Step::Next => {}
             Step::Lost => break,
             Step::Garbage(what) => {
-                tracing::error!(worker = id, pid, error = %what, "the worker broke valve's protocol; replacing it");
+                tracing::error!(app = %app, worker = id, pid, error = %what, "the worker broke valve's protocol; replacing it");
                 alive.store(false, Ordering::Relaxed);
                 return table.lose(Some(&what));
             }
@@ -345,7 +349,7 @@ async fn read_vec(rd: &mut BufReader<OwnedReadHalf>, n: usize) -> io::Result<Vec
     Ok(v)
 }
 
-async fn pong(rd: &mut BufReader<OwnedReadHalf>, h: FrameHeader, table: &Table, id: WorkerId, pid: u32) -> Step {
+async fn pong(rd: &mut BufReader<OwnedReadHalf>, h: FrameHeader, table: &Table, who: &Who) -> Step {
     if h.head_len != 12 || h.body_len != 0 {
         return Step::Garbage("a malformed pong".into());
     }
@@ -355,13 +359,15 @@ async fn pong(rd: &mut BufReader<OwnedReadHalf>, h: FrameHeader, table: &Table, 
         Some(reply) => {
             let _ = reply.send(Ok(u32::from_be_bytes([head[8], head[9], head[10], head[11]])));
         }
-        None => tracing::warn!(worker = id, pid, "the worker answered a ping valve did not send; ignored"),
+        None => {
+            tracing::warn!(app = %who.app, worker = who.id, pid = who.pid, "the worker answered a ping valve did not send; ignored")
+        }
     }
     Step::Next
 }
 
 /// R says a request waits on a promise: whoever counts the worker's load learns it.
-fn waiting(h: FrameHeader, table: &Table, id: WorkerId, pid: u32) -> Step {
+fn waiting(h: FrameHeader, table: &Table, who: &Who) -> Step {
     if h.head_len != 0 || h.body_len != 0 {
         return Step::Garbage("a WAITING frame with a head or body".into());
     }
@@ -378,8 +384,9 @@ fn waiting(h: FrameHeader, table: &Table, id: WorkerId, pid: u32) -> Step {
             }
             _ => {
                 tracing::error!(
-                    worker = id,
-                    pid,
+                    app = %who.app,
+                    worker = who.id,
+                    pid = who.pid,
                     request = h.id,
                     "the worker says a request waits on a promise that is not one it computes; ignored"
                 );
@@ -401,13 +408,8 @@ fn waiting(h: FrameHeader, table: &Table, id: WorkerId, pid: u32) -> Step {
 /// for, read and dropped). The answer's head goes to the request's reply as
 /// soon as it is read; its body follows through a channel. If nobody wants
 /// the answer any more, it is still read to its end.
-async fn answer(
-    rd: &mut BufReader<OwnedReadHalf>,
-    h: FrameHeader,
-    entry: Option<Entry>,
-    id: WorkerId,
-    pid: u32,
-) -> Step {
+async fn answer(rd: &mut BufReader<OwnedReadHalf>, h: FrameHeader, entry: Option<Entry>, who: &Who) -> Step {
+    let (app, id, pid) = (&who.app, who.id, who.pid);
     let (reply, asked, _keep) = match entry {
         Some(mut entry) => {
             entry.settle();
@@ -440,6 +442,7 @@ async fn answer(
     };
     if h.flags & answer::LOOP_ERROR != 0 {
         tracing::warn!(
+            app = %app,
             worker = id,
             pid,
             "the worker's request loop failed on a request (its output says why); answered 500"
@@ -471,7 +474,7 @@ async fn answer(
                 file = Some(AnswerFile { file: Some(f), place: place.ok(), owned });
             }
             Err(e) => {
-                tracing::error!(worker = id, pid, path = %path.display(), error = %e,
+                tracing::error!(app = %app, worker = id, pid, path = %path.display(), error = %e,
                     "the app's answer names a file valve cannot open as the worker; answered 500");
                 drop(AnswerFile { file: None, place: place.ok(), owned });
                 let mut resp = Response::new(AnswerBody::empty());
@@ -486,7 +489,7 @@ async fn answer(
 
     let rendered = answer::render(&parsed, h.flags, body_len, asked);
     for note in &rendered.notes {
-        tracing::warn!(worker = id, pid, note, "the app's answer was not valid HTTP as given");
+        tracing::warn!(app = %app, worker = id, pid, note, "the app's answer was not valid HTTP as given");
     }
     let send_body = rendered.body && reply.is_some();
     let (tx, rx) = mpsc::channel(CHUNKS_IN_FLIGHT);

@@ -103,7 +103,7 @@ async fn ready(
     id: WorkerId,
     answer: impl FnMut(FrameHeader, Vec<u8>, Vec<u8>) -> Vec<u8> + Send + 'static,
 ) -> (FrameConnector, Conn) {
-    let connector = hub.connector(id);
+    let connector = hub.connector(id, "test".into());
     connector.expect_pid(std::process::id());
     let _worker = fake_worker(hub, &id.to_string(), answer).await;
     let conn = tokio::time::timeout(Duration::from_secs(5), connector.probe()).await.unwrap().unwrap();
@@ -229,7 +229,7 @@ async fn a_spooled_request_body_goes_as_its_path() {
 #[tokio::test]
 async fn hellos_are_checked() {
     let hub = FrameHub::start().unwrap();
-    let connector = hub.connector(9);
+    let connector = hub.connector(9, "test".into());
     connector.expect_pid(std::process::id());
     // A wrong token, an id valve is not starting, and a connection that says nothing.
     let mut wrong = TcpStream::connect(("127.0.0.1", hub.port)).await.unwrap();
@@ -261,7 +261,7 @@ async fn hellos_are_checked() {
 #[tokio::test]
 async fn a_hello_from_another_process_is_not_believed() {
     let hub = FrameHub::start().unwrap();
-    let connector = hub.connector(5);
+    let connector = hub.connector(5, "test".into());
     connector.expect_pid(1); // pid 1 never counts as an ancestor
     let _w = fake_worker(&hub, "5", |_, _, _| answer_frame(0, 200, &[], b"")).await;
     let got = tokio::time::timeout(Duration::from_secs(5), connector.probe()).await.unwrap();

@@ -1,0 +1,158 @@
+/*
+ * Entering an app's sandbox from inside R: the warm parent's fork calls
+ * valve_enter() (through R's .C) before it reads any of the app's files.
+ * It carries out, in order, the steps valve computed for the app (the same
+ * steps a plain worker's child makes between fork and exec, in
+ * src/worker/sandbox/enter.rs), one per line:
+ *
+ *   unshare                 a mount namespace of its own
+ *   slave                   mounts stay private to it (/ as a slave mount)
+ *   clone N PATH            a copy of PATH (open_tree), kept as number N
+ *   empty PATH              an empty tmpfs over a folder (mode 0755)
+ *   scratch PATH            an empty tmpfs anyone may write to (mode 1777)
+ *   null PATH               /dev/null over a file
+ *   mkdir PATH              a folder made inside a cover (it may exist)
+ *   place N PATH            copy N put at PATH (move_mount)
+ *   chdir PATH              the working directory
+ *   data BYTES              RLIMIT_DATA
+ *   oom VALUE               /proc/self/oom_score_adj
+ *   groups G1,G2,...        supplementary groups
+ *   gid GID                 real, effective and saved gid
+ *   uid UID                 real, effective and saved uid
+ *   nonewprivs              PR_SET_NO_NEW_PRIVS
+ *
+ * On failure it stops at once and says which line failed and the errno.
+ * Nothing here allocates or depends on R: it is plain system calls.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#ifndef SYS_open_tree
+#define SYS_open_tree 428
+#endif
+#ifndef SYS_move_mount
+#define SYS_move_mount 429
+#endif
+#ifndef OPEN_TREE_CLONE
+#define OPEN_TREE_CLONE 1
+#endif
+#ifndef OPEN_TREE_CLOEXEC
+#define OPEN_TREE_CLOEXEC O_CLOEXEC
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#endif
+
+#define MAX_CLONES 32
+#define MAX_GROUPS 256
+
+/* The word after the command, or NULL. */
+static const char *arg(const char *line, const char *cmd) {
+  size_t n = strlen(cmd);
+  if (strncmp(line, cmd, n) != 0) return NULL;
+  if (line[n] == '\0') return line + n;
+  if (line[n] != ' ') return NULL;
+  return line + n + 1;
+}
+
+static int step(const char *line, int *clones) {
+  const char *a;
+  if ((a = arg(line, "unshare")) != NULL) return unshare(CLONE_NEWNS);
+  if ((a = arg(line, "slave")) != NULL) return mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL);
+  if ((a = arg(line, "clone")) != NULL) {
+    char *path;
+    long n = strtol(a, &path, 10);
+    if (n < 0 || n >= MAX_CLONES || *path != ' ') { errno = EINVAL; return -1; }
+    int fd = (int)syscall(SYS_open_tree, AT_FDCWD, path + 1, OPEN_TREE_CLONE | AT_RECURSIVE | OPEN_TREE_CLOEXEC);
+    if (fd < 0) return -1;
+    clones[n] = fd;
+    return 0;
+  }
+  if ((a = arg(line, "empty")) != NULL)
+    return mount("tmpfs", a, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=1m");
+  if ((a = arg(line, "scratch")) != NULL)
+    return mount("tmpfs", a, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777,size=64m");
+  if ((a = arg(line, "null")) != NULL) return mount("/dev/null", a, NULL, MS_BIND, NULL);
+  if ((a = arg(line, "mkdir")) != NULL) return (mkdir(a, 0755) == 0 || errno == EEXIST) ? 0 : -1;
+  if ((a = arg(line, "place")) != NULL) {
+    char *path;
+    long n = strtol(a, &path, 10);
+    if (n < 0 || n >= MAX_CLONES || *path != ' ' || clones[n] < 0) { errno = EINVAL; return -1; }
+    int r = (int)syscall(SYS_move_mount, clones[n], "", AT_FDCWD, path + 1, MOVE_MOUNT_F_EMPTY_PATH);
+    close(clones[n]);
+    clones[n] = -1;
+    return r;
+  }
+  if ((a = arg(line, "chdir")) != NULL) return chdir(a);
+  if ((a = arg(line, "data")) != NULL) {
+    struct rlimit r;
+    r.rlim_cur = r.rlim_max = (rlim_t)strtoull(a, NULL, 10);
+    return setrlimit(RLIMIT_DATA, &r);
+  }
+  if ((a = arg(line, "oom")) != NULL) {
+    /* A fork of a parent that is root may write its own. */
+    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t w = write(fd, a, strlen(a));
+    close(fd);
+    return w < 0 ? -1 : 0;
+  }
+  if ((a = arg(line, "groups")) != NULL) {
+    gid_t groups[MAX_GROUPS];
+    size_t n = 0;
+    const char *p = a;
+    while (*p) {
+      char *end;
+      unsigned long g = strtoul(p, &end, 10);
+      if (end == p || n == MAX_GROUPS) { errno = EINVAL; return -1; }
+      groups[n++] = (gid_t)g;
+      if (*end == ',') p = end + 1;
+      else if (*end == '\0') break;
+      else { errno = EINVAL; return -1; }
+    }
+    return setgroups(n, groups);
+  }
+  if ((a = arg(line, "gid")) != NULL) {
+    gid_t g = (gid_t)strtoul(a, NULL, 10);
+    return setresgid(g, g, g);
+  }
+  if ((a = arg(line, "uid")) != NULL) {
+    uid_t u = (uid_t)strtoul(a, NULL, 10);
+    return setresuid(u, u, u);
+  }
+  if ((a = arg(line, "nonewprivs")) != NULL) return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+  errno = EINVAL;
+  return -1;
+}
+
+/* R: .C("valve_enter", lines, length(lines), failed = -1L, errno = 0L) */
+void valve_enter(char **lines, int *n, int *failed, int *error) {
+  int clones[MAX_CLONES];
+  for (int i = 0; i < MAX_CLONES; i++) clones[i] = -1;
+  *failed = -1;
+  *error = 0;
+  for (int i = 0; i < *n; i++) {
+    if (step(lines[i], clones) != 0) {
+      *failed = i;
+      *error = errno;
+      break;
+    }
+  }
+  for (int i = 0; i < MAX_CLONES; i++)
+    if (clones[i] >= 0) close(clones[i]);
+}
