@@ -9,7 +9,8 @@
 //! - `worker`: starting, reaching, watching and signalling one R process.
 //! - `http`: the listener and drain, the router (prefix and host to app), the
 //!   one forwarding loop, bodies held whole, replies.
-//! - `admin`: valve's own pages under /__valve__/.
+//! - `admin`: valve's own pages under /__valve__/, and publishing
+//!   (`admin::publish`: the publishing API, deployments, versions).
 //! - `applog`: every app's log buffer (R's output, valve's lines about it).
 //! - `usage`: Shiny sessions and requests by user, kept and logged.
 //! - `metrics`: counters, histograms and the dashboard's history.
@@ -39,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 
+use crate::admin::publish::Publisher;
 use crate::admin::Admin;
 use crate::app::Fleet;
 use crate::config::{Config, Source, Transport};
@@ -89,6 +91,9 @@ async fn bind_one(addr: &str, what: &'static str) -> Result<TcpListener, RunErro
         hint: match error.kind() {
             std::io::ErrorKind::AddrInUse => match what {
                 "pick another --port" => " (another program uses it: stop it or pick another --port)",
+                "pick another --publish-addr HOST:PORT" => {
+                    " (another program uses it: pick another --publish-addr HOST:PORT)"
+                }
                 _ => " (another program uses it: pick another --admin-addr HOST:PORT)",
             },
             std::io::ErrorKind::PermissionDenied => " (ports below 1024 need privileges: pick one above 1024)",
@@ -150,19 +155,40 @@ pub async fn run(
     let reloader = Reloader::new(apps.clone(), source.clone(), config.clone());
     let admin = Admin::new(router.clone(), fleet.clone(), registry.clone(), &config, shutdown.signalled.clone());
     admin.set_reloader(reloader.clone());
+    // Publishing, when on: its API on the admin listener (and its own address, if asked).
+    let publisher = config.server.publish.as_ref().map(|p| Publisher::new(p.clone(), reloader.clone(), addr));
+    if let Some(p) = &publisher {
+        admin.set_publisher(p.clone());
+    }
     let limits = ClientLimits {
         header_timeout: config.server.header_timeout,
         client_timeout: CLIENT_TIMEOUT,
         max_head: MAX_HEAD_BYTES * 2,
     };
+    let publish: Option<Arc<dyn http::server::Publish>> = publisher.clone().map(|p| p as _);
     let admin_addr = match admin_listener {
         Some(l) => {
             let a = l.local_addr().ok();
-            http::server::serve_admin(l, admin.clone(), limits);
+            http::server::serve_admin(l, admin.clone(), limits, publish.clone());
             a
         }
         None => None,
     };
+    if let (Some(p), Some(settings)) = (&publish, &config.server.publish) {
+        match &settings.addr {
+            Some(at) => {
+                let l = bind_one(at, "pick another --publish-addr HOST:PORT").await?;
+                if let Ok(bound) = l.local_addr() {
+                    tracing::info!(addr = %bound, "publishing API on its own address");
+                }
+                http::server::serve_publish(l, p.clone(), limits);
+            }
+            None if admin_addr.is_none() => tracing::warn!(
+                "publishing is on but valve has no admin listener (--admin-addr off) and no --publish-addr: nobody can publish"
+            ),
+            None => {}
+        }
+    }
     let front = Front::new(
         router.clone(),
         Forwarder::new(

@@ -58,6 +58,9 @@ pub enum ConfigError {
     BufferTotalBelowSession { total: String, session: String },
     #[error("{flag}: {why}")]
     Access { flag: &'static str, why: String },
+    /// Publishing's settings, keys file or published apps.
+    #[error("{0}")]
+    Published(String),
     /// Whom apps run as, or what their users can read (one line per problem).
     #[error("{0}")]
     Isolation(String),

@@ -23,6 +23,7 @@ use super::flags::{parse_memory_limit, valves_own};
 use super::keys::{edit_distance, flag_name, ACCESS_KEYS, APP_KEYS, APP_ONLY, SERVER_KEYS};
 use super::model::{self, normal_prefix, valid_name, AppConfig, Config, Server};
 use super::problems::{line_col, Problem, Problems};
+use super::publish::{Candidate, Publishing};
 use super::settle::{settle, Unfit};
 use super::users::{parse_uid_range, Isolation, RunAs};
 
@@ -38,6 +39,11 @@ struct Apps {
 
 /// Reads, checks and resolves a config file against the flags.
 pub fn load(path: &Path, args: &Args) -> Result<Config, Problems> {
+    load_with(path, args, None)
+}
+
+/// As `load`, with one published app at `candidate`'s version.
+pub(super) fn load_with(path: &Path, args: &Args, candidate: Option<&Candidate>) -> Result<Config, Problems> {
     let fail =
         |line, col, message: String| Problems { file: path.to_path_buf(), list: vec![Problem { line, col, message }] };
     let text = std::fs::read_to_string(path).map_err(|e| {
@@ -50,7 +56,7 @@ pub fn load(path: &Path, args: &Args) -> Result<Config, Problems> {
     };
     let top: Table = toml::from_str(&text).map_err(parse_error)?;
     let apps: Apps = toml::from_str(&text).map_err(parse_error)?;
-    let mut cx = Cx { text: &text, args, top: &top, problems: Vec::new() };
+    let mut cx = Cx { text: &text, args, top: &top, problems: Vec::new(), candidate, base: base.clone() };
     let config = cx.resolve(&apps.app, &base, path);
     match (config, cx.problems.is_empty()) {
         (Some(c), true) => Ok(c),
@@ -69,6 +75,10 @@ struct Cx<'a> {
     args: &'a Args,
     top: &'a Table,
     problems: Vec<Problem>,
+    /// A deployment's version to load for one published app.
+    candidate: Option<&'a Candidate>,
+    /// The config file's folder: relative paths start there.
+    base: PathBuf,
 }
 
 impl<'a> Cx<'a> {
@@ -167,21 +177,31 @@ impl<'a> Cx<'a> {
         }
         let spans: Vec<std::ops::Range<usize>> = resolved.iter().map(|(_, s)| s.clone()).collect();
         let mut apps: Vec<AppConfig> = resolved.into_iter().map(|(a, _)| a).collect();
+        let publish = self.publishing();
+        if let Some(Some(p)) = &publish {
+            self.published(p, &mut apps, base);
+        }
         let private = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
-        let server = self.server(&apps, base, private)?;
+        let server = self.server(&apps, base, private, publish?)?;
         if let Some(range) = self.uid_range() {
             for (i, why) in settle(&mut apps, &self.args.kernel, range) {
-                // The app's own run_as, else the top level's; a folder problem at the app's table.
+                // The app's own run_as, else the top level's; a folder problem at the app's table
+                // (a published app has none: said without a place).
                 match why {
                     Unfit::RunAs(m) => {
-                        let place = app_tables_key(self.text, &spans[i], "run_as")
+                        let place = spans
+                            .get(i)
+                            .and_then(|span| app_tables_key(self.text, span, "run_as"))
                             .or_else(|| self.top.get("run_as").map(|v| v.span()));
                         match place {
                             Some(span) => self.at(span, m),
                             None => self.nowhere(m),
                         }
                     }
-                    Unfit::Folder(m) => self.at(spans[i].clone(), m),
+                    Unfit::Folder(m) => match spans.get(i) {
+                        Some(span) => self.at(span.clone(), m),
+                        None => self.nowhere(m),
+                    },
                 }
             }
         }
@@ -248,7 +268,13 @@ impl<'a> Cx<'a> {
         }
     }
 
-    fn server(&mut self, apps: &[AppConfig], base: &Path, config_file: PathBuf) -> Option<Server> {
+    fn server(
+        &mut self,
+        apps: &[AppConfig],
+        base: &Path,
+        config_file: PathBuf,
+        publish: Option<Publishing>,
+    ) -> Option<Server> {
         let a = self.args;
         let host = self.string("host", None, &a.host)?;
         let port = self.count("port", None, a.port as u64, 0, u16::MAX as u64)? as u16;
@@ -300,6 +326,7 @@ impl<'a> Cx<'a> {
             shiny_session_buffer: shiny_session_buffer?,
             shiny_buffer_total: shiny_buffer_total?,
             trust: trust?,
+            publish,
             private_paths: vec![config_file, state_dir.clone()],
             state_dir,
             isolation: Isolation::from_kernel(&a.kernel),
@@ -738,6 +765,7 @@ fn valid_hostname(h: &str) -> bool {
 }
 
 mod access;
+mod publish;
 
 #[cfg(test)]
 mod tests;

@@ -17,6 +17,7 @@ mod lifecycle;
 mod observe;
 mod placement;
 mod preload;
+mod publish;
 mod reconnect;
 mod reliability;
 mod rmarkdown;
