@@ -58,6 +58,9 @@ pub enum ConfigError {
     BufferTotalBelowSession { total: String, session: String },
     #[error("{flag}: {why}")]
     Access { flag: &'static str, why: String },
+    /// Where traces go: the message names the setting and its value.
+    #[error("{0}")]
+    Otlp(String),
 }
 
 /// `--shiny-reconnect-window`: the longest (a day).

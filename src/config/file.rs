@@ -21,6 +21,7 @@ use super::error::{
 use super::flags::Args;
 use super::keys::{edit_distance, flag_name, ACCESS_KEYS, APP_KEYS, APP_ONLY, SERVER_KEYS};
 use super::model::{self, normal_prefix, valid_name, AppConfig, Config, Server};
+use super::otel::{self, Given, Otlp};
 use super::problems::{line_col, Problem, Problems};
 
 type Val = Spanned<toml::Value>;
@@ -198,6 +199,7 @@ impl<'a> Cx<'a> {
         }
         let (shiny_session_buffer, shiny_buffer_total) = self.shiny_buffers();
         let trust = self.trust();
+        let otlp = self.otlp();
         Some(Server {
             host,
             port,
@@ -215,7 +217,32 @@ impl<'a> Cx<'a> {
             shiny_session_buffer: shiny_session_buffer?,
             shiny_buffer_total: shiny_buffer_total?,
             trust: trust?,
+            otlp: otlp?,
         })
+    }
+
+    /// `otlp_endpoint` (a flag given explicitly wins), else OpenTelemetry's variables.
+    fn otlp(&mut self) -> Option<Option<Otlp>> {
+        let key = self.pick("otlp_endpoint", None);
+        let given = match key.map(|v| v.get_ref()) {
+            None => self.args.otlp_endpoint.as_deref().map(|v| (Given::Flag, v.to_string())),
+            Some(toml::Value::String(s)) => Some((Given::Key, s.clone())),
+            Some(other) => {
+                let message = format!("otlp_endpoint = {other}: must be a string such as \"http://127.0.0.1:4318\"");
+                self.at(key.map(|v| v.span()).unwrap_or(0..0), message);
+                return None;
+            }
+        };
+        match otel::otlp(given.as_ref().map(|(g, v)| (*g, v.as_str())), otel::environment) {
+            Ok(otlp) => Some(otlp),
+            Err(why) => {
+                match key {
+                    Some(v) => self.at(v.span(), why),
+                    None => self.nowhere(why),
+                }
+                None
+            }
+        }
     }
 
     /// `shiny_session_buffer` (at least 64KiB) and `shiny_buffer_total` (at

@@ -11,6 +11,7 @@ use super::error::{
     check_buffer_total, parse_reconnect_window, parse_seconds, parse_session_buffer, parse_size, ConfigError,
 };
 use super::model::{admin_addr, transport, AppConfig, Config, Server};
+use super::otel::{self, Otlp};
 use super::site;
 
 /// One port in front of a pool of R worker processes running a plumber API or a Shiny app.
@@ -240,6 +241,13 @@ pub struct Args {
     #[arg(long = "auth-cache", env = "VALVE_AUTH_CACHE", default_value = "5", value_name = "SECONDS")]
     pub auth_cache: String,
 
+    /// Traces: send a span per request and per Shiny session to this OpenTelemetry collector over
+    /// OTLP/HTTP, such as http://127.0.0.1:4318 (spans go to its /v1/traces); `off` for none. R
+    /// gets valve's span as `traceparent`. Unset: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
+    /// OTEL_EXPORTER_OTLP_ENDPOINT if set; the service name is OTEL_SERVICE_NAME (default valve).
+    #[arg(long = "otlp-endpoint", env = "VALVE_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+
     /// Seconds a client gets to send a request's headers before it is cut off.
     #[arg(long = "header-timeout", env = "VALVE_HEADER_TIMEOUT", default_value = "30", value_name = "SECONDS")]
     pub header_timeout: String,
@@ -405,7 +413,14 @@ impl Args {
             shiny_session_buffer,
             shiny_buffer_total,
             trust: self.trust()?,
+            otlp: self.otlp()?,
         })
+    }
+
+    /// `--otlp-endpoint`, else OpenTelemetry's variables.
+    fn otlp(&self) -> Result<Option<Otlp>, ConfigError> {
+        let given = self.otlp_endpoint.as_deref().map(|v| (otel::Given::Flag, v));
+        otel::otlp(given, otel::environment).map_err(ConfigError::Otlp)
     }
 
     /// `--trusted-proxies`, the identity header names, `--sign-in-url` and `--auth-url`.

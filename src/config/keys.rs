@@ -54,6 +54,7 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "sign_in_url",
     "auth_url",
     "auth_cache",
+    "otlp_endpoint",
 ];
 
 /// The flag a key stands for, for messages about flag values.

@@ -14,7 +14,8 @@
 //! `problems` (a config file's
 //! problems with line and column), `keys` (the names of its settings),
 //! `site` (`--site`), `flags` (clap), `file` (the TOML reader), `source`
-//! (where a configuration comes from, for reloads).
+//! (where a configuration comes from, for reloads), `otel` (where traces
+//! go: `--otlp-endpoint` and OpenTelemetry's `OTEL_*` variables).
 
 mod access;
 mod discover;
@@ -24,6 +25,7 @@ mod file;
 mod flags;
 mod keys;
 mod model;
+mod otel;
 mod problems;
 mod rmd;
 mod site;
@@ -34,6 +36,7 @@ pub use discover::{index_html, AppSource};
 pub use error::{parse_seconds, parse_size, ConfigError};
 pub use flags::Args;
 pub use model::{is_admin_path, normal_prefix, valid_name, AppConfig, Config, Server, Transport, ADMIN_PREFIX};
+pub use otel::Otlp;
 pub use problems::{Problem, Problems};
 pub use rmd::{is_output_of_a_document, Runtime};
 pub use source::{LoadError, Source};

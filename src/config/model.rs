@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::access::{Allow, Trust};
 use super::discover::AppSource;
+use super::otel::Otlp;
 
 /// valve's own paths: never an app's, never forwarded to R.
 pub const ADMIN_PREFIX: &str = "/__valve__";
@@ -80,6 +81,8 @@ pub struct Server {
     pub shiny_buffer_total: u64,
     /// Who is calling: trusted proxies, identity header names, the sign-in URL.
     pub trust: Trust,
+    /// Where spans go (`None`: valve records none).
+    pub otlp: Option<Otlp>,
 }
 
 /// How valve reaches a plumber worker.

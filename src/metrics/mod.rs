@@ -18,10 +18,12 @@ use crate::worker::WorkerId;
 mod auth;
 mod family;
 mod shiny;
+mod trace;
 pub use auth::{AuthCounts, AuthResult};
 pub use family::Histogram;
 use family::{header, BUCKETS};
 pub use shiny::{Reconnects, SessionEnd};
+pub use trace::{SpanDrop, TraceCounts};
 
 const METHODS: [&str; 8] = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "OTHER"];
 const STATUSES: usize = 600;
@@ -318,6 +320,8 @@ pub struct Registry {
     log_dropped: std::sync::OnceLock<Box<dyn Fn() -> u64 + Send + Sync>>,
     /// The forward-auth service's answers.
     pub auth: AuthCounts,
+    /// Spans exported to the trace collector, and dropped.
+    pub trace: TraceCounts,
 }
 
 impl Registry {
@@ -480,6 +484,7 @@ impl Registry {
             self.log_dropped.get().map(|count| count()).unwrap_or(0) as f64,
         );
         self.auth.render(&mut out);
+        self.trace.render(&mut out);
         process_metrics(&mut out);
         out
     }

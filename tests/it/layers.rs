@@ -26,7 +26,7 @@ const LAYERS: &[&[&str]] = &[
     &["log", "shutdown", "healthcheck", "mac"],
     &["worker"],
     &["metrics"],
-    &["app"],
+    &["app", "trace"],
     &["http"],
     &["reload"],
     &["admin"],
