@@ -15,6 +15,8 @@
 //! - `mac`: valve's secret keys and their MACs (HMAC-SHA-256).
 //! - `reload`: the apps being served, their generations, and reloads.
 //! - `shutdown`: the signals that stop valve, fanned out as tokens.
+//! - `trace`: OpenTelemetry traces: W3C `traceparent` in and out, spans
+//!   exported over OTLP/HTTP through a bounded queue.
 //! - `healthcheck`: `valve --healthcheck`.
 
 pub mod admin;
@@ -27,6 +29,7 @@ pub mod mac;
 pub mod metrics;
 pub mod reload;
 pub mod shutdown;
+pub mod trace;
 pub mod worker;
 
 use std::net::SocketAddr;
@@ -142,6 +145,7 @@ pub async fn run(
         }
         None => None,
     };
+    let tracer = trace::Tracer::start(config.server.otlp.as_ref(), registry.clone());
     let front = Front::new(
         router.clone(),
         Forwarder::new(
@@ -151,7 +155,8 @@ pub async fn run(
                 session: config.server.shiny_session_buffer as usize,
                 total: config.server.shiny_buffer_total as usize,
             },
-        ),
+        )
+        .traced(tracer.clone()),
         http::auth::Asker::new(registry.clone()),
         admin.clone(),
         shutdown.signalled.clone(),
@@ -196,6 +201,7 @@ pub async fn run(
             }
             _ = shutdown.drain.cancelled() => {
                 apps.shutdown().await;
+                tracer.shutdown().await;
                 return Ok(Drained::Clean);
             }
         }
@@ -206,6 +212,7 @@ pub async fn run(
     }
     let drained = server.await.unwrap_or(Drained::Cut);
     apps.shutdown().await;
+    tracer.shutdown().await;
     Ok(drained)
 }
 

@@ -146,7 +146,8 @@ impl Resumes {
     }
 
     /// A new session: once both upgrades complete, its task runs until the
-    /// session ends, counting on its worker all that time.
+    /// session ends, counting on its worker all that time (and its span,
+    /// if any, lasts as long).
     #[allow(clippy::too_many_arguments)]
     pub fn start(
         self: &Arc<Self>,
@@ -158,6 +159,7 @@ impl Resumes {
         window: Duration,
         restart: bool,
         user: Option<String>,
+        span: Option<crate::trace::Live>,
     ) {
         let resumes = self.clone();
         self.tasks.spawn(async move {
@@ -181,6 +183,7 @@ impl Resumes {
                 held: resumes.held.clone(),
                 close: resumes.close.clone(),
                 drain: resumes.drain.clone(),
+                span,
             };
             session.run(worker, client, &token, attached).await;
             resumes.table().remove(&sid);
