@@ -23,3 +23,4 @@ mod scaling;
 mod shiny;
 mod site;
 mod statics;
+mod traces;
