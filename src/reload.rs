@@ -437,6 +437,7 @@ impl Reloader {
             ("admin_addr", old.admin_addr != new.admin_addr),
             ("log_format", old.log_json != new.log_json),
             ("worker_transport", old.worker_transport != new.worker_transport),
+            ("otlp_endpoint", old.otlp != new.otlp),
         ] {
             if changed {
                 tracing::warn!(

@@ -232,7 +232,117 @@ fn instance_id() -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
+    use super::super::{Kind, SpanId};
     use super::*;
+
+    fn span() -> Span {
+        Span {
+            trace: TraceId::random(),
+            span: SpanId::random(),
+            parent: None,
+            tracestate: None,
+            name: "GET /*".into(),
+            kind: Kind::Server,
+            start: 1,
+            end: 2,
+            attributes: vec![],
+            events: vec![],
+            error: None,
+        }
+    }
+
+    /// What a collector on loopback saw: each POST's path, content type and body.
+    type Seen = Arc<Mutex<Vec<(String, String, serde_json::Value)>>>;
+
+    /// A collector that answers the n-th POST with `answers[n]` (the last one after that).
+    async fn collector(answers: Vec<(u16, &'static str)>) -> (u16, Seen) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen: Seen = Arc::default();
+        let log = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                let (log, answers) = (log.clone(), answers.clone());
+                let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let (log, answers) = (log.clone(), answers.clone());
+                    async move {
+                        let path = req.uri().path().to_string();
+                        let ctype = req.headers()[header::CONTENT_TYPE].to_str().unwrap().to_string();
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        let n = {
+                            let mut log = log.lock().unwrap();
+                            log.push((path, ctype, serde_json::from_slice(&body).unwrap()));
+                            log.len() - 1
+                        };
+                        let (status, text) = answers[n.min(answers.len() - 1)];
+                        let mut resp = http::Response::new(Full::new(Bytes::from_static(text.as_bytes())));
+                        *resp.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                        Ok::<_, std::convert::Infallible>(resp)
+                    }
+                });
+                tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service));
+            }
+        });
+        (port, seen)
+    }
+
+    async fn until(what: &str, cond: impl Fn() -> bool) {
+        let start = std::time::Instant::now();
+        while !cond() {
+            assert!(start.elapsed() < Duration::from_secs(20), "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_batch_is_dropped_and_counted_never_sent_again_and_the_next_goes_after_a_backoff() {
+        let (port, seen) = collector(vec![
+            (503, "overloaded"),
+            (200, r#"{"partialSuccess":{"rejectedSpans":"1"}}"#),
+            (200, "{}"),
+        ])
+        .await;
+        let otlp = Otlp {
+            url: format!("http://127.0.0.1:{port}/v1/traces"),
+            host: "127.0.0.1".into(),
+            port,
+            authority: format!("127.0.0.1:{port}"),
+            path: "/v1/traces".into(),
+            service: "valve".into(),
+            resource: vec![],
+        };
+        let registry = Arc::new(Registry::default());
+        let (queue, spans) = super::super::queue::Queue::new(16, registry.clone());
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run(spans, otlp, registry.clone(), stop.clone()));
+        let t = &registry.trace;
+        for _ in 0..3 {
+            queue.offer(span());
+        }
+        until("the first batch to fail", || t.dropped_for(SpanDrop::ExportFailed) == 3).await;
+        for _ in 0..2 {
+            queue.offer(span());
+        }
+        until("the second batch", || seen.lock().unwrap().len() == 2).await;
+        until("its count", || t.dropped_for(SpanDrop::Rejected) == 1).await;
+        {
+            let seen = seen.lock().unwrap();
+            assert_eq!(seen.len(), 2, "the failed batch was not sent again");
+            let spans = |i: usize| seen[i].2["resourceSpans"][0]["scopeSpans"][0]["spans"].as_array().unwrap().len();
+            assert_eq!((spans(0), spans(1)), (3, 2));
+            assert!(seen.iter().all(|(path, ctype, _)| path == "/v1/traces" && ctype == "application/json"));
+        }
+        queue.offer(span());
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap();
+        assert_eq!(seen.lock().unwrap().len(), 3, "what was queued at the stop was sent");
+        assert_eq!(t.dropped_for(SpanDrop::QueueFull), 0);
+        let out = registry.render(&Default::default(), 0, 0);
+        assert!(out.contains("valve_trace_spans_exported_total 2\n"), "{out}");
+    }
 
     #[test]
     fn the_instance_id_is_a_version_4_uuid() {
