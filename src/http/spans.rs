@@ -13,7 +13,7 @@ use http::header;
 use http::{Method, Request};
 
 use crate::config::AppConfig;
-use crate::trace::{Begun, Context, Kind, Live, Tracer, Value};
+use crate::trace::{Begun, Context, Described, Kind, Live, Tracer, Value};
 use crate::worker::WorkerId;
 
 /// What the forwarder learns of a request for its span, besides its worker
@@ -30,14 +30,15 @@ pub struct Traced {
     pub retries: u32,
 }
 
-/// A request's span, begun as it arrived.
+/// A request's span, begun as it arrived. What it will say is kept as the
+/// request had it (shared buffers, no copies) until the span is described.
 pub(super) struct RequestSpan {
     begun: Begun,
     method: Method,
-    path: String,
+    uri: http::Uri,
     version: http::Version,
-    host: Option<String>,
-    user_agent: Option<String>,
+    host: Option<http::HeaderValue>,
+    user_agent: Option<http::HeaderValue>,
     peer: SocketAddr,
 }
 
@@ -46,14 +47,13 @@ impl RequestSpan {
     /// when traces are off, at the cost of one branch.
     pub(super) fn begin<B>(tracer: &Tracer, req: &Request<B>, peer: SocketAddr) -> Option<RequestSpan> {
         let begun = tracer.begin(req.headers())?;
-        let text = |name| req.headers().get(name).and_then(|v: &http::HeaderValue| v.to_str().ok()).map(str::to_string);
         Some(RequestSpan {
             begun,
             method: req.method().clone(),
-            path: req.uri().path().to_string(),
+            uri: req.uri().clone(),
             version: req.version(),
-            host: text(header::HOST).or_else(|| req.uri().authority().map(|a| a.to_string())),
-            user_agent: text(header::USER_AGENT),
+            host: req.headers().get(header::HOST).cloned(),
+            user_agent: req.headers().get(header::USER_AGENT).cloned(),
             peer,
         })
     }
@@ -63,49 +63,57 @@ impl RequestSpan {
     }
 
     /// Ends the span with what became of the request: its status, the
-    /// worker that answered it (if any) after `waited` in the queue.
+    /// worker that answered it (if any) after `waited` in the queue. The
+    /// attributes are written only if the span goes anywhere.
     pub(super) fn end(self, app: &AppConfig, status: u16, worker: Option<WorkerId>, waited: Duration, t: &Traced) {
-        let (method, original) = known_method(&self.method);
-        let route = route(&app.prefix);
-        let name = format!("{} {route}", if original.is_some() { "HTTP" } else { method });
-        let mut a = vec![
-            ("http.request.method", Value::Str(method.to_string())),
-            ("url.path", Value::Str(self.path)),
-            ("url.scheme", Value::Str("http".into())),
-            ("http.route", Value::Str(route.clone())),
-            ("http.response.status_code", Value::Int(i64::from(status))),
-            ("network.protocol.version", Value::Str(version(self.version).into())),
-            ("network.peer.address", Value::Str(self.peer.ip().to_string())),
-            ("network.peer.port", Value::Int(i64::from(self.peer.port()))),
-            ("client.address", Value::Str(t.client.unwrap_or(self.peer.ip()).to_string())),
-            ("valve.app", Value::Str(app.name.clone())),
-        ];
-        if let Some(original) = original {
-            a.push(("http.request.method_original", Value::Str(original)));
-        }
-        if let Some(authority) = self.host.as_deref().and_then(|h| h.parse::<http::uri::Authority>().ok()) {
-            a.push(("server.address", Value::Str(authority.host().to_string())));
-            if let Some(port) = authority.port_u16() {
-                a.push(("server.port", Value::Int(i64::from(port))));
+        let RequestSpan { begun, method, uri, version, host, user_agent, peer } = self;
+        begun.end(|| {
+            let (method, original) = known_method(&method);
+            let route = route(&app.prefix);
+            let name = format!("{} {route}", if original.is_some() { "HTTP" } else { method });
+            let mut a = vec![
+                ("http.request.method", Value::Str(method.to_string())),
+                ("url.path", Value::Str(uri.path().to_string())),
+                ("url.scheme", Value::Str("http".into())),
+                ("http.route", Value::Str(route)),
+                ("http.response.status_code", Value::Int(i64::from(status))),
+                ("network.protocol.version", Value::Str(protocol(version).into())),
+                ("network.peer.address", Value::Str(peer.ip().to_string())),
+                ("network.peer.port", Value::Int(i64::from(peer.port()))),
+                ("client.address", Value::Str(t.client.unwrap_or(peer.ip()).to_string())),
+                ("valve.app", Value::Str(app.name.clone())),
+            ];
+            if let Some(original) = original {
+                a.push(("http.request.method_original", Value::Str(original)));
             }
-        }
-        if let Some(agent) = self.user_agent {
-            a.push(("user_agent.original", Value::Str(agent)));
-        }
-        if let Some(worker) = worker {
-            a.push(("valve.worker.id", Value::Int(worker as i64)));
-            a.push(("valve.queue.wait_ms", Value::Float(ms(waited))));
-            a.push(("valve.worker.time_ms", Value::Float(ms(t.in_r))));
-        }
-        if t.retries > 0 {
-            a.push(("valve.retries", Value::Int(i64::from(t.retries))));
-        }
-        // Server spans fail on 5xx only (a 4xx is the client's).
-        let error = (status >= 500).then(|| {
-            a.push(("error.type", Value::Str(status.to_string())));
-            String::new()
+            let authority = match host.as_ref().and_then(|h| h.to_str().ok()) {
+                Some(h) => h.parse::<http::uri::Authority>().ok(),
+                None => uri.authority().cloned(),
+            };
+            if let Some(authority) = authority {
+                a.push(("server.address", Value::Str(authority.host().to_string())));
+                if let Some(port) = authority.port_u16() {
+                    a.push(("server.port", Value::Int(i64::from(port))));
+                }
+            }
+            if let Some(agent) = user_agent.as_ref().and_then(|v| v.to_str().ok()) {
+                a.push(("user_agent.original", Value::Str(agent.to_string())));
+            }
+            if let Some(worker) = worker {
+                a.push(("valve.worker.id", Value::Int(worker as i64)));
+                a.push(("valve.queue.wait_ms", Value::Float(ms(waited))));
+                a.push(("valve.worker.time_ms", Value::Float(ms(t.in_r))));
+            }
+            if t.retries > 0 {
+                a.push(("valve.retries", Value::Int(i64::from(t.retries))));
+            }
+            // Server spans fail on 5xx only (a 4xx is the client's).
+            let error = (status >= 500).then(|| {
+                a.push(("error.type", Value::Str(status.to_string())));
+                String::new()
+            });
+            Described { name, kind: Kind::Server, attributes: a, events: Vec::new(), error }
         });
-        self.begun.end(name, Kind::Server, a, Vec::new(), error);
     }
 }
 
@@ -162,7 +170,7 @@ fn route(prefix: &str) -> String {
     }
 }
 
-fn version(v: http::Version) -> &'static str {
+fn protocol(v: http::Version) -> &'static str {
     match v {
         http::Version::HTTP_09 => "0.9",
         http::Version::HTTP_10 => "1.0",
@@ -182,6 +190,6 @@ mod tests {
         let odd = Method::from_bytes(b"BREW").unwrap();
         assert_eq!(known_method(&odd), ("_OTHER", Some("BREW".into())));
         assert_eq!((route("/"), route("/sales")), ("/*".to_string(), "/sales/*".to_string()));
-        assert_eq!((version(http::Version::HTTP_10), version(http::Version::HTTP_11)), ("1.0", "1.1"));
+        assert_eq!((protocol(http::Version::HTTP_10), protocol(http::Version::HTTP_11)), ("1.0", "1.1"));
     }
 }

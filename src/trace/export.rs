@@ -283,7 +283,9 @@ mod tests {
                         Ok::<_, std::convert::Infallible>(resp)
                     }
                 });
-                tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service));
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service),
+                );
             }
         });
         (port, seen)
@@ -299,12 +301,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_batch_is_dropped_and_counted_never_sent_again_and_the_next_goes_after_a_backoff() {
-        let (port, seen) = collector(vec![
-            (503, "overloaded"),
-            (200, r#"{"partialSuccess":{"rejectedSpans":"1"}}"#),
-            (200, "{}"),
-        ])
-        .await;
+        let (port, seen) =
+            collector(vec![(503, "overloaded"), (200, r#"{"partialSuccess":{"rejectedSpans":"1"}}"#), (200, "{}")])
+                .await;
         let otlp = Otlp {
             url: format!("http://127.0.0.1:{port}/v1/traces"),
             host: "127.0.0.1".into(),

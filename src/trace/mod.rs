@@ -23,7 +23,7 @@ mod tracer;
 use http::HeaderMap;
 
 pub use context::{Parent, SpanId, TraceId, TRACEPARENT, TRACESTATE};
-pub use tracer::{Begun, Live, Tracer};
+pub use tracer::{Begun, Described, Live, Tracer};
 
 /// The most events one span keeps (a Shiny session's reconnects, say);
 /// later ones are counted by the caller, not kept.

@@ -163,11 +163,7 @@ pub fn encode(resource: &Resource, spans: &[Span]) -> Vec<u8> {
     let request = Request {
         resource_spans: [ResourceSpans {
             resource: JsonResource {
-                attributes: resource
-                    .0
-                    .iter()
-                    .map(|(k, v)| KeyValue { key: k, value: AnyValue::Str(v) })
-                    .collect(),
+                attributes: resource.0.iter().map(|(k, v)| KeyValue { key: k, value: AnyValue::Str(v) }).collect(),
             },
             scope_spans: [ScopeSpans {
                 scope: Scope { name: "valve", version: env!("CARGO_PKG_VERSION") },

@@ -24,6 +24,17 @@ impl Queue {
         (Queue { tx, registry }, rx)
     }
 
+    /// Whether a span offered now would be queued (the exporter is behind, or
+    /// backing off from a collector that fails, when not).
+    pub fn has_room(&self) -> bool {
+        self.tx.capacity() > 0
+    }
+
+    /// Counts a span that was not even offered: the queue had no room.
+    pub fn dropped(&self) {
+        self.registry.trace.dropped(SpanDrop::QueueFull, 1);
+    }
+
     /// Queues `span` for export, or drops and counts it if the queue is
     /// full (or the exporter has stopped). Never waits.
     pub fn offer(&self, span: Span) -> bool {
@@ -62,8 +73,10 @@ mod tests {
     fn a_full_queue_drops_and_counts_and_takes_again_once_drained() {
         let registry = Arc::new(Registry::default());
         let (queue, mut rx) = Queue::new(2, registry.clone());
+        assert!(queue.has_room());
         let offered: Vec<bool> = (0..5).map(|_| queue.offer(span())).collect();
         assert_eq!(offered, [true, true, false, false, false]);
+        assert!(!queue.has_room());
         assert_eq!(registry.trace.dropped_for(SpanDrop::QueueFull), 3);
         assert!(rx.try_recv().is_ok());
         assert!(queue.offer(span()), "room again once the exporter took one");

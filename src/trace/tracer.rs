@@ -102,6 +102,16 @@ fn unix_nanos() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
+/// What a span says, as its owner describes it when it ends.
+pub struct Described {
+    pub name: String,
+    pub kind: Kind,
+    pub attributes: Attributes,
+    pub events: Vec<Event>,
+    /// The span failed (OTLP status `ERROR`), with this message (may be empty).
+    pub error: Option<String>,
+}
+
 /// A span under way: its context, its parent and when it began.
 pub struct Begun {
     tracer: Tracer,
@@ -124,13 +134,18 @@ impl Begun {
         self.start + self.started.elapsed().as_nanos() as u64
     }
 
-    /// Ends the span now and hands it to the exporter (if it is sampled):
-    /// never waits.
-    pub fn end(self, name: String, kind: Kind, attributes: Attributes, events: Vec<Event>, error: Option<String>) {
-        if !self.context.sampled {
+    /// Ends the span now and hands it to the exporter: never waits.
+    /// `describe` says what the span says; it is not even called when the
+    /// span would go nowhere (not sampled; or the export queue is full, a
+    /// collector down: the drop is counted), so that costs next to nothing.
+    pub fn end(self, describe: impl FnOnce() -> Described) {
+        let Some(shared) = self.tracer.0.as_ref().filter(|_| self.context.sampled) else { return };
+        if !shared.queue.has_room() {
+            shared.queue.dropped();
             return;
         }
         let end = self.now();
+        let Described { name, kind, attributes, events, error } = describe();
         let Begun { tracer, context, parent, tracestate, start, .. } = self;
         tracer.export(Span {
             trace: context.trace,
@@ -193,8 +208,13 @@ impl Live {
 impl Drop for Live {
     fn drop(&mut self) {
         if let Some(begun) = self.begun.take() {
-            let attributes = std::mem::take(&mut self.attributes);
-            begun.end(self.name.to_string(), self.kind, attributes, std::mem::take(&mut self.events), None);
+            begun.end(|| Described {
+                name: self.name.to_string(),
+                kind: self.kind,
+                attributes: std::mem::take(&mut self.attributes),
+                events: std::mem::take(&mut self.events),
+                error: None,
+            });
         }
     }
 }
@@ -218,6 +238,10 @@ mod tests {
         h
     }
 
+    fn described_span(attributes: Attributes) -> Described {
+        Described { name: "GET".into(), kind: Kind::Server, attributes, events: vec![], error: None }
+    }
+
     const CALLER: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
     #[test]
@@ -237,7 +261,7 @@ mod tests {
         cx.to_r(&mut h);
         assert_eq!(h[&TRACEPARENT], format!("00-4bf92f3577b34da6a3ce929d0e0e4736-{}-01", cx.span.hex()));
         assert_eq!(h[&TRACESTATE], "rojo=1", "tracestate goes on with its trace");
-        begun.end("GET".into(), Kind::Server, vec![("a", Value::Int(1))], vec![], None);
+        begun.end(|| described_span(vec![("a", Value::Int(1))]));
         let span = rx.try_recv().unwrap();
         assert_eq!(span.parent.map(|p| p.hex()).as_deref(), Some("00f067aa0ba902b7"));
         assert_eq!(span.tracestate.as_deref(), Some("rojo=1"));
@@ -257,7 +281,7 @@ mod tests {
             begun.context.to_r(&mut h);
             assert!(h.get(&TRACESTATE).is_none());
             assert_eq!(context::parse(h[&TRACEPARENT].as_bytes()).unwrap().span, begun.context.span);
-            begun.end("GET".into(), Kind::Server, vec![], vec![], None);
+            begun.end(|| described_span(vec![]));
             let span = rx.try_recv().unwrap();
             assert_eq!((span.parent, span.tracestate), (None, None));
         }
@@ -270,7 +294,29 @@ mod tests {
         let begun = tracer.begin(&h).unwrap();
         begun.context.to_r(&mut h);
         assert!(h[&TRACEPARENT].to_str().unwrap().ends_with("-00"), "R is told the trace is not sampled");
-        begun.end("GET".into(), Kind::Server, vec![], vec![], None);
+        begun.end(|| described_span(vec![]));
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_span_that_would_go_nowhere_is_never_described_and_a_full_queue_counts_it() {
+        let registry = Arc::new(Registry::default());
+        let (queue, mut rx) = Queue::new(1, registry.clone());
+        let shared = Shared { queue, stop: CancellationToken::new(), task: Mutex::new(None) };
+        let tracer = Tracer(Some(Arc::new(shared)));
+        let described = std::cell::Cell::new(0);
+        let describe = || {
+            described.set(described.get() + 1);
+            described_span(vec![])
+        };
+        tracer.begin(&HeaderMap::new()).unwrap().end(describe);
+        tracer.begin(&HeaderMap::new()).unwrap().end(describe);
+        assert_eq!(described.get(), 1, "the queue was full for the second");
+        assert_eq!(registry.trace.dropped_for(crate::metrics::SpanDrop::QueueFull), 1);
+        let unsampled = headers(&[(&TRACEPARENT, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")]);
+        assert!(rx.try_recv().is_ok());
+        tracer.begin(&unsampled).unwrap().end(describe);
+        assert_eq!(described.get(), 1, "not sampled: not described");
         assert!(rx.try_recv().is_err());
     }
 
