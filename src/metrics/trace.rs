@@ -12,17 +12,22 @@ pub enum SpanDrop {
     QueueFull,
     /// Their batch's POST failed: no connection, no answer in time, or an error status.
     ExportFailed,
+    /// They ended while the exporter waited out a failing collector (its
+    /// backoff): valve keeps no span then.
+    CollectorDown,
     /// The collector took the batch but said it rejected these (OTLP partial success).
     Rejected,
 }
 
 impl SpanDrop {
-    const ALL: [SpanDrop; 3] = [SpanDrop::QueueFull, SpanDrop::ExportFailed, SpanDrop::Rejected];
+    const ALL: [SpanDrop; 4] =
+        [SpanDrop::QueueFull, SpanDrop::ExportFailed, SpanDrop::CollectorDown, SpanDrop::Rejected];
 
     fn as_str(self) -> &'static str {
         match self {
             SpanDrop::QueueFull => "queue_full",
             SpanDrop::ExportFailed => "export_failed",
+            SpanDrop::CollectorDown => "collector_down",
             SpanDrop::Rejected => "rejected",
         }
     }

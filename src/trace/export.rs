@@ -2,9 +2,9 @@
 //! `BATCH`, or whatever came within `BATCH_DELAY` of a batch's first span),
 //! POSTs each batch as OTLP JSON within `EXPORT_TIMEOUT`, and never sends a
 //! batch twice: a failed batch is dropped and counted, and the next one
-//! waits out a backoff (1 s, doubling up to 30 s) while the bounded queue
-//! holds or drops what comes meanwhile. Failures are logged at most once
-//! every `WARN_EVERY`, saying how many went unlogged.
+//! waits out a backoff (1 s, doubling up to 30 s) with the queue paused
+//! (spans that end meanwhile are dropped undescribed, counted). Failures are
+//! logged at most once every `WARN_EVERY`, saying how many went unlogged.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::otlp::{self, Resource};
+use super::queue::Pause;
 use super::{Span, TraceId};
 use crate::config::Otlp;
 use crate::metrics::{Registry, SpanDrop};
@@ -39,8 +40,15 @@ pub const WARN_EVERY: Duration = Duration::from_secs(5);
 const MAX_ANSWER: usize = 64 * 1024;
 
 /// Drains `spans` into the collector until `stop` fires, then sends what is
-/// queued (unless the collector was just failing) and ends.
-pub async fn run(mut spans: mpsc::Receiver<Span>, otlp: Otlp, registry: Arc<Registry>, stop: CancellationToken) {
+/// queued (unless the collector was just failing) and ends. While it waits
+/// out a failing collector the queue is paused (`pause`).
+pub async fn run(
+    mut spans: mpsc::Receiver<Span>,
+    pause: Pause,
+    otlp: Otlp,
+    registry: Arc<Registry>,
+    stop: CancellationToken,
+) {
     let resource = Resource::new(&otlp.service, &instance_id(), &otlp.resource);
     let mut collector = Collector { otlp, kept: None };
     let mut warning = Warning::default();
@@ -73,6 +81,7 @@ pub async fn run(mut spans: mpsc::Receiver<Span>, otlp: Otlp, registry: Arc<Regi
                     let wait = backoff.map_or(BACKOFF_FIRST, |b| (b * 2).min(BACKOFF_MOST));
                     backoff = Some(wait);
                     warning.failed(&collector.otlp.url, &why, n, wait);
+                    pause.pause(&mut spans);
                 }
             }
         }
@@ -87,6 +96,8 @@ pub async fn run(mut spans: mpsc::Receiver<Span>, otlp: Otlp, registry: Arc<Regi
                 _ = tokio::time::sleep(wait) => {}
                 _ = stop.cancelled() => {}
             }
+            // Spans for the next try: if it fails too, the queue pauses again.
+            pause.resume();
         }
     }
 }
@@ -314,14 +325,17 @@ mod tests {
             resource: vec![],
         };
         let registry = Arc::new(Registry::default());
-        let (queue, spans) = super::super::queue::Queue::new(16, registry.clone());
+        let (queue, spans, pause) = super::super::queue::Queue::new(16, registry.clone());
         let stop = CancellationToken::new();
-        let task = tokio::spawn(run(spans, otlp, registry.clone(), stop.clone()));
+        let task = tokio::spawn(run(spans, pause, otlp, registry.clone(), stop.clone()));
         let t = &registry.trace;
         for _ in 0..3 {
             queue.offer(span());
         }
         until("the first batch to fail", || t.dropped_for(SpanDrop::ExportFailed) == 3).await;
+        // Waiting out the failure, the queue is paused (it keeps nothing: queue::tests), then resumed.
+        until("the queue to pause", || !queue.has_room()).await;
+        until("the exporter to try again", || queue.has_room()).await;
         for _ in 0..2 {
             queue.offer(span());
         }

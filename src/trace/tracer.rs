@@ -39,9 +39,9 @@ impl Tracer {
     /// `shutdown`.
     pub fn start(otlp: Option<&Otlp>, registry: Arc<Registry>) -> Tracer {
         let Some(otlp) = otlp else { return Tracer::off() };
-        let (queue, spans) = Queue::new(queue::CAPACITY, registry.clone());
+        let (queue, spans, pause) = Queue::new(queue::CAPACITY, registry.clone());
         let stop = CancellationToken::new();
-        let task = tokio::spawn(export::run(spans, otlp.clone(), registry, stop.clone()));
+        let task = tokio::spawn(export::run(spans, pause, otlp.clone(), registry, stop.clone()));
         tracing::info!(endpoint = %otlp.url, service = %otlp.service, "exporting traces");
         Tracer(Some(Arc::new(Shared { queue, stop, task: Mutex::new(Some(task)) })))
     }
@@ -225,7 +225,7 @@ mod tests {
     use super::*;
 
     fn on() -> (Tracer, tokio::sync::mpsc::Receiver<Span>) {
-        let (queue, rx) = Queue::new(8, Arc::new(Registry::default()));
+        let (queue, rx, _) = Queue::new(8, Arc::new(Registry::default()));
         let shared = Shared { queue, stop: CancellationToken::new(), task: Mutex::new(None) };
         (Tracer(Some(Arc::new(shared))), rx)
     }
@@ -301,7 +301,7 @@ mod tests {
     #[test]
     fn a_span_that_would_go_nowhere_is_never_described_and_a_full_queue_counts_it() {
         let registry = Arc::new(Registry::default());
-        let (queue, mut rx) = Queue::new(1, registry.clone());
+        let (queue, mut rx, _) = Queue::new(1, registry.clone());
         let shared = Shared { queue, stop: CancellationToken::new(), task: Mutex::new(None) };
         let tracer = Tracer(Some(Arc::new(shared)));
         let described = std::cell::Cell::new(0);
