@@ -18,9 +18,11 @@
 //! - `trace`: OpenTelemetry traces: W3C `traceparent` in and out, spans
 //!   exported over OTLP/HTTP through a bounded queue.
 //! - `healthcheck`: `valve --healthcheck`.
+//! - `client`: valve's HTTP/1.1 connections to services beside it.
 
 pub mod admin;
 pub mod app;
+pub mod client;
 pub mod config;
 pub mod healthcheck;
 pub mod http;

@@ -14,8 +14,6 @@ use http::header::{self, HeaderValue};
 use http::Request;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -186,17 +184,7 @@ impl Collector {
         &self,
         body: Bytes,
     ) -> Result<(http::Response<hyper::body::Incoming>, SendRequest<Full<Bytes>>), String> {
-        let stream = TcpStream::connect((self.otlp.host.as_str(), self.otlp.port))
-            .await
-            .map_err(|e| format!("cannot connect: {e}"))?;
-        let _ = stream.set_nodelay(true);
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "trace collector connection closed");
-            }
-        });
+        let mut sender = crate::client::connect(&self.otlp.host, self.otlp.port, "trace collector").await?;
         let answer = sender.send_request(self.request(body)).await.map_err(|e| e.to_string())?;
         Ok((answer, sender))
     }
@@ -245,23 +233,12 @@ fn instance_id() -> String {
 mod tests {
     use std::sync::Mutex;
 
-    use super::super::{Kind, SpanId};
+    use hyper_util::rt::TokioIo;
+
     use super::*;
 
     fn span() -> Span {
-        Span {
-            trace: TraceId::random(),
-            span: SpanId::random(),
-            parent: None,
-            tracestate: None,
-            name: "GET /*".into(),
-            kind: Kind::Server,
-            start: 1,
-            end: 2,
-            attributes: vec![],
-            events: vec![],
-            error: None,
-        }
+        Span::bare("GET /*")
     }
 
     /// What a collector on loopback saw: each POST's path, content type and body.

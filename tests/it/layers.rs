@@ -23,7 +23,7 @@ use std::path::Path;
 /// none of each other. `lib` is lib.rs, which composes everything.
 const LAYERS: &[&[&str]] = &[
     &["config"],
-    &["log", "shutdown", "healthcheck", "mac"],
+    &["log", "shutdown", "healthcheck", "mac", "client"],
     &["worker"],
     &["metrics"],
     &["app", "trace"],
