@@ -568,7 +568,12 @@ impl Forwarder {
     ) {
         let close = self.close_sessions.clone();
         self.sessions.spawn(async move {
-            let (Ok(client), Ok(worker)) = tokio::join!(client, worker) else { return };
+            let (Ok(client), Ok(worker)) = tokio::join!(client, worker) else {
+                if let Some(span) = span {
+                    span.discard();
+                }
+                return;
+            };
             sup.session(id, true, Some(token));
             let _user = user.map(|u| sup.signed_in(id, u));
             let mut client = TokioIo::new(client);

@@ -86,8 +86,9 @@ impl Tracer {
         let Some(shared) = &self.0 else { return };
         shared.stop.cancel();
         let task = shared.task.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(task) = task {
-            if tokio::time::timeout(FLUSH_AT_EXIT, task).await.is_err() {
+        if let Some(mut task) = task {
+            if tokio::time::timeout(FLUSH_AT_EXIT, &mut task).await.is_err() {
+                task.abort();
                 tracing::warn!(
                     wait_s = FLUSH_AT_EXIT.as_secs(),
                     "the trace collector did not take the last spans in time"
@@ -184,6 +185,12 @@ impl Live {
             Some((_, v)) => *v = value,
             None => self.attributes.push((key, value)),
         }
+    }
+
+    /// Drops the span unsent: what it was to describe never began (a
+    /// WebSocket whose upgrade failed is no session).
+    pub fn discard(mut self) {
+        self.begun = None;
     }
 
     /// Adds one to an integer attribute (0 if it had none).
@@ -333,9 +340,12 @@ mod tests {
         live.count("n");
         live.count("m");
         drop(live);
+        let never = Live::new(tracer.child(&parent.context).unwrap(), "session", Kind::Internal, vec![]);
+        never.discard();
         let span = rx.try_recv().unwrap();
         assert_eq!((span.trace, span.parent), (parent.context.trace, Some(parent.context.span)));
         assert_eq!(span.attributes, [("n", Value::Int(2)), ("m", Value::Int(1))]);
         assert_eq!(span.events.len(), MAX_EVENTS);
+        assert!(rx.try_recv().is_err(), "a discarded span is not exported");
     }
 }

@@ -163,7 +163,12 @@ impl Resumes {
     ) {
         let resumes = self.clone();
         self.tasks.spawn(async move {
-            let (Ok(client), Ok(worker)) = tokio::join!(client, worker) else { return };
+            let (Ok(client), Ok(worker)) = tokio::join!(client, worker) else {
+                if let Some(span) = span {
+                    span.discard();
+                }
+                return;
+            };
             let _user = user.map(|u| sup.signed_in(id, u));
             let client = socket(client, Role::Server, BROWSER_MESSAGE).await;
             let worker = socket(worker, Role::Client, WORKER_MESSAGE).await;
