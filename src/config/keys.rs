@@ -68,6 +68,7 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "uid_range",
     "usage_log",
     "usage_anonymize",
+    "otlp_endpoint",
 ];
 
 /// The flag a key stands for, for messages about flag values.

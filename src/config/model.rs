@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::access::{Allow, Trust};
 use super::discover::AppSource;
+use super::otel::Otlp;
 use super::publish::Publishing;
 use super::users::{Account, Isolation, RunAs};
 
@@ -119,6 +120,8 @@ pub struct Server {
     pub usage_log: Option<PathBuf>,
     /// Keep a keyed hash instead of each user in the usage list and log.
     pub usage_anonymize: bool,
+    /// Where spans go (`None`: valve records none).
+    pub otlp: Option<Otlp>,
 }
 
 /// How valve reaches a plumber worker.
