@@ -18,11 +18,15 @@
 //! - `mac`: valve's secret keys and their MACs (HMAC-SHA-256).
 //! - `reload`: the apps being served, their generations, and reloads.
 //! - `shutdown`: the signals that stop valve, fanned out as tokens.
+//! - `trace`: OpenTelemetry traces: W3C `traceparent` in and out, spans
+//!   exported over OTLP/HTTP through a bounded queue.
 //! - `healthcheck`: `valve --healthcheck`.
+//! - `client`: valve's HTTP/1.1 connections to services beside it.
 
 pub mod admin;
 pub mod app;
 pub mod applog;
+pub mod client;
 pub mod config;
 pub mod healthcheck;
 pub mod http;
@@ -31,6 +35,7 @@ pub mod mac;
 pub mod metrics;
 pub mod reload;
 pub mod shutdown;
+pub mod trace;
 pub mod usage;
 pub mod worker;
 
@@ -189,6 +194,7 @@ pub async fn run(
             None => {}
         }
     }
+    let tracer = trace::Tracer::start(config.server.otlp.as_ref(), registry.clone());
     let front = Front::new(
         router.clone(),
         Forwarder::new(
@@ -198,7 +204,8 @@ pub async fn run(
                 session: config.server.shiny_session_buffer as usize,
                 total: config.server.shiny_buffer_total as usize,
             },
-        ),
+        )
+        .traced(tracer.clone()),
         http::auth::Asker::new(registry.clone()),
         admin.clone(),
         shutdown.signalled.clone(),
@@ -246,6 +253,7 @@ pub async fn run(
             _ = shutdown.drain.cancelled() => {
                 apps.shutdown().await;
                 registry.usage.close();
+                tracer.shutdown().await;
                 return Ok(Drained::Clean);
             }
         }
@@ -259,6 +267,7 @@ pub async fn run(
     // Sessions end as their workers stop: what the usage log lacks goes now.
     let _ = tokio::time::timeout(Duration::from_secs(2), sessions.wait()).await;
     registry.usage.close();
+    tracer.shutdown().await;
     Ok(drained)
 }
 

@@ -529,6 +529,7 @@ impl Reloader {
             ("log_format", old.log_json != new.log_json),
             ("worker_transport", old.worker_transport != new.worker_transport),
             ("publish_*", old.publish != new.publish),
+            ("otlp_endpoint", old.otlp != new.otlp),
         ] {
             if changed {
                 tracing::warn!(

@@ -66,6 +66,9 @@ pub enum ConfigError {
     Isolation(String),
     #[error("--usage-log {path}: {why}")]
     UsageLog { path: String, why: String },
+    /// Where traces go: the message names the setting and its value.
+    #[error("{0}")]
+    Otlp(String),
 }
 
 /// `--shiny-reconnect-window`: the longest (a day).

@@ -22,6 +22,7 @@ use super::flags::Args;
 use super::flags::{parse_memory_limit, valves_own};
 use super::keys::{edit_distance, flag_name, ACCESS_KEYS, APP_KEYS, APP_ONLY, SERVER_KEYS};
 use super::model::{self, normal_prefix, valid_name, AppConfig, Config, Server};
+use super::otel::{self, Given, Otlp};
 use super::problems::{line_col, Problem, Problems};
 use super::publish::{Candidate, Publishing};
 use super::settle::{settle, Unfit};
@@ -309,6 +310,7 @@ impl<'a> Cx<'a> {
         let usage_anonymize = self.boolean("usage_anonymize", None, a.usage_anonymize);
         let warm_parent = self.boolean("warm_parent", None, a.warm_parent);
         let preload_packages = self.packages();
+        let otlp = self.otlp();
         Some(Server {
             host,
             port,
@@ -335,7 +337,32 @@ impl<'a> Cx<'a> {
             usage_anonymize: usage_anonymize?,
             warm_parent: warm_parent?,
             preload_packages: preload_packages?,
+            otlp: otlp?,
         })
+    }
+
+    /// `otlp_endpoint` (a flag given explicitly wins), else OpenTelemetry's variables.
+    fn otlp(&mut self) -> Option<Option<Otlp>> {
+        let key = self.pick("otlp_endpoint", None);
+        let given = match key.map(|v| v.get_ref()) {
+            None => self.args.otlp_endpoint.as_deref().map(|v| (Given::Flag, v.to_string())),
+            Some(toml::Value::String(s)) => Some((Given::Key, s.clone())),
+            Some(other) => {
+                let message = format!("otlp_endpoint = {other}: must be a string such as \"http://127.0.0.1:4318\"");
+                self.at(key.map(|v| v.span()).unwrap_or(0..0), message);
+                return None;
+            }
+        };
+        match otel::otlp(given.as_ref().map(|(g, v)| (*g, v.as_str())), otel::environment) {
+            Ok(otlp) => Some(otlp),
+            Err(why) => {
+                match key {
+                    Some(v) => self.at(v.span(), why),
+                    None => self.nowhere(why),
+                }
+                None
+            }
+        }
     }
 
     /// `usage_log`: a file (relative to the config file's folder) in a folder that exists.

@@ -12,6 +12,7 @@ use super::error::{
     usage_log_problem, ConfigError,
 };
 use super::model::{admin_addr, transport, AppConfig, Config, Server};
+use super::otel::{self, Otlp};
 use super::publish::{self, Candidate, Publishing, VersionRule};
 use super::settle::{settle, Unfit};
 use super::site;
@@ -284,6 +285,12 @@ pub struct Args {
     /// kept in FILE.key (mode 0600) beside --usage-log, so a user hashes the same across restarts.
     #[arg(long = "usage-anonymize", env = "VALVE_USAGE_ANONYMIZE")]
     pub usage_anonymize: bool,
+    /// Traces: send a span per request and per Shiny session to this OpenTelemetry collector over
+    /// OTLP/HTTP, such as http://127.0.0.1:4318 (spans go to its /v1/traces); `off` for none. R
+    /// gets valve's span as `traceparent`. Unset: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
+    /// OTEL_EXPORTER_OTLP_ENDPOINT if set; the service name is OTEL_SERVICE_NAME (default valve).
+    #[arg(long = "otlp-endpoint", env = "VALVE_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 
     /// Start workers as forks of one warm R parent shared by apps, with the packages apps load
     /// already loaded: a new worker of any app serves in milliseconds instead of R's second or more
@@ -691,7 +698,14 @@ impl Args {
             warm_parent: self.warm_parent,
             preload_packages: package_list(&self.preload_packages)
                 .map_err(|why| ConfigError::Access { flag: "--preload-packages", why })?,
+            otlp: self.otlp()?,
         })
+    }
+
+    /// `--otlp-endpoint`, else OpenTelemetry's variables.
+    fn otlp(&self) -> Result<Option<Otlp>, ConfigError> {
+        let given = self.otlp_endpoint.as_deref().map(|v| (otel::Given::Flag, v));
+        otel::otlp(given, otel::environment).map_err(ConfigError::Otlp)
     }
 
     /// `--trusted-proxies`, the identity header names, `--sign-in-url` and `--auth-url`.

@@ -70,6 +70,7 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "preload_packages",
     "usage_log",
     "usage_anonymize",
+    "otlp_endpoint",
 ];
 
 /// The flag a key stands for, for messages about flag values.

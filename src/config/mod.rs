@@ -18,7 +18,8 @@
 //! every app is read), `site` (`--site`), `flags` (clap), `file` (the TOML
 //! reader), `source` (where a configuration comes from, for reloads),
 //! `publish` (publishing's settings, keys file and records, and the
-//! published apps as data).
+//! published apps as data), `otel` (where traces go: `--otlp-endpoint` and
+//! OpenTelemetry's `OTEL_*` variables).
 
 mod access;
 mod discover;
@@ -28,6 +29,7 @@ mod file;
 mod flags;
 mod keys;
 mod model;
+mod otel;
 mod problems;
 pub mod publish;
 mod rmd;
@@ -41,6 +43,7 @@ pub use discover::{index_html, AppSource};
 pub use error::{parse_seconds, parse_size, ConfigError};
 pub use flags::{Args, Command};
 pub use model::{is_admin_path, normal_prefix, valid_name, AppConfig, Config, Server, Transport, ADMIN_PREFIX};
+pub use otel::Otlp;
 pub use problems::{Problem, Problems};
 pub use rmd::{is_output_of_a_document, Runtime};
 pub use source::{LoadError, Source};

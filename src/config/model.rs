@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::access::{Allow, Trust};
 use super::discover::AppSource;
+use super::otel::Otlp;
 use super::publish::Publishing;
 use super::users::{Account, Isolation, RunAs};
 
@@ -123,6 +124,8 @@ pub struct Server {
     pub warm_parent: bool,
     /// Packages the warm parent loads besides plumber, shiny and rmarkdown.
     pub preload_packages: Vec<String>,
+    /// Where spans go (`None`: valve records none).
+    pub otlp: Option<Otlp>,
 }
 
 /// How valve reaches a plumber worker.

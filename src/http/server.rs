@@ -30,6 +30,7 @@ use super::identity::{strip_client_identity, BadIdentity, MAX_IDENTITY_BYTES};
 use super::reply::{error, redirect, ReplyBody};
 use super::resume;
 use super::router::{Mounted, Routed, Router, Table};
+use super::spans::RequestSpan;
 use crate::config::{is_admin_path, Trust};
 use crate::metrics::Rejection;
 use crate::shutdown::Shutdown;
@@ -163,6 +164,8 @@ impl Front {
         // The path only: query strings can carry secrets.
         let path = self.access_log.then(|| req.uri().path().to_owned());
         let mut served = Served::default();
+        let span = RequestSpan::begin(&self.forwarder.tracer, &req, peer);
+        served.trace.context = span.as_ref().map(RequestSpan::context);
         let target = req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/").to_owned();
         let resp = match self.named(&table.trust, &mounted, &req, &target, peer).await {
             Err(refused) => refused,
@@ -175,6 +178,9 @@ impl Front {
         let status = resp.status().as_u16();
         mounted.sup.metrics.request(&method, status, took);
         mounted.sup.metrics.user_request(served.user.as_deref());
+        if let Some(span) = span {
+            span.end(&mounted.config, status, served.worker, served.waited, &served.trace);
+        }
         if let Some(path) = path {
             tracing::info!(
                 target: "valve::access",
@@ -243,6 +249,7 @@ fn gate(
             if let Some(addrs) = req.extensions_mut().get_mut::<ClientAddrs>() {
                 addrs.remote = client;
             }
+            served.trace.client = Some(client.ip());
             served.user = who.as_ref().map(|w| w.user.clone());
             if let Some(who) = who {
                 req.extensions_mut().insert(who);

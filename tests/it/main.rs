@@ -26,3 +26,4 @@ mod scaling;
 mod shiny;
 mod site;
 mod statics;
+mod traces;
