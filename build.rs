@@ -16,6 +16,8 @@ fn main() {
         .arg(&out)
         .arg(source)
         .status()
-        .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}` ({e}): install gcc (apt-get install gcc) or set CC"));
+        .unwrap_or_else(|e| {
+            panic!("cannot run the C compiler `{cc}` ({e}): install gcc (apt-get install gcc) or set CC")
+        });
     assert!(status.success(), "the C compiler `{cc}` failed on {source} ({status})");
 }

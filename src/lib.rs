@@ -155,8 +155,16 @@ pub async fn run(
         }
     }
     let router = Arc::new(Router::default());
-    let apps =
-        Apps::new(router.clone(), fleet.clone(), registry.clone(), run_dir.clone(), frames, zygotes, &config, addr.port());
+    let apps = Apps::new(
+        router.clone(),
+        fleet.clone(),
+        registry.clone(),
+        run_dir.clone(),
+        frames,
+        zygotes,
+        &config,
+        addr.port(),
+    );
     let reloader = Reloader::new(apps.clone(), source.clone(), config.clone());
     let admin = Admin::new(router.clone(), fleet.clone(), registry.clone(), &config, shutdown.signalled.clone());
     admin.set_reloader(reloader.clone());

@@ -225,7 +225,8 @@ impl<'a> Cx<'a> {
         let Some(v) = self.pick("preload_packages", None) else {
             let given = &self.args.preload_packages;
             return self.flag_result(
-                super::flags::package_list(given).map_err(|why| ConfigError::Access { flag: "--preload-packages", why }),
+                super::flags::package_list(given)
+                    .map_err(|why| ConfigError::Access { flag: "--preload-packages", why }),
             );
         };
         let joined = match v.get_ref() {
@@ -242,7 +243,10 @@ impl<'a> Cx<'a> {
                 None
             }
             None => {
-                self.at(v.span(), "preload_packages must be a list of R package names, such as [\"dplyr\", \"ggplot2\"]".into());
+                self.at(
+                    v.span(),
+                    "preload_packages must be a list of R package names, such as [\"dplyr\", \"ggplot2\"]".into(),
+                );
                 None
             }
         }

@@ -741,7 +741,9 @@ pub(super) fn package_list(value: &str) -> Result<Vec<String>, String> {
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '.')
             && !name.ends_with('.');
         if !valid {
-            return Err(format!("{name:?} is not an R package name (letters, digits and dots, starting with a letter)"));
+            return Err(format!(
+                "{name:?} is not an R package name (letters, digits and dots, starting with a letter)"
+            ));
         }
         out.push(name.to_string());
     }

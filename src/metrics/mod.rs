@@ -274,7 +274,8 @@ impl crate::worker::OutputHook for AppMetrics {
 }
 
 /// How a worker started, as the worker module says it and as the metric labels it.
-const STARTED_BY: [(&str, &str); 3] = [("fresh R", "fresh_r"), ("app preload", "app_preload"), ("warm parent", "warm_parent")];
+const STARTED_BY: [(&str, &str); 3] =
+    [("fresh R", "fresh_r"), ("app preload", "app_preload"), ("warm parent", "warm_parent")];
 
 impl AppMetrics {
     /// A worker of the app answered, `startup` after the decision to start it.
@@ -526,7 +527,11 @@ impl Registry {
         for a in &apps {
             for (i, (_, label)) in STARTED_BY.iter().enumerate() {
                 if a.started_by[i].snapshot().1 > 0 {
-                    a.started_by[i].render_labels(&mut out, name, &format!("app=\"{}\",started_by=\"{label}\"", a.name));
+                    a.started_by[i].render_labels(
+                        &mut out,
+                        name,
+                        &format!("app=\"{}\",started_by=\"{label}\"", a.name),
+                    );
                 }
             }
         }

@@ -136,8 +136,12 @@ local({
   # valve's own protocol: loop.R's functions live in their own environment.
   frames <- !shiny && identical(Sys.getenv("VALVE_TRANSPORT"), "frames")
   if (frames) {
-    frames_env <- new.env()
-    sys.source(Sys.getenv("VALVE_LOOP"), envir = frames_env, keep.source = FALSE)
+    # A fork of valve's warm parent finds the loop there, loaded and warmed.
+    frames_env <- getOption("valve.frames_env")
+    if (!is.environment(frames_env)) {
+      frames_env <- new.env()
+      sys.source(Sys.getenv("VALVE_LOOP"), envir = frames_env, keep.source = FALSE)
+    }
   }
   # Serves frames until valve closes the connection; warms up first unless
   # this is a fork of a parent that did.

@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
+use super::conn::Conn;
 use super::conn::{Connect, EngineConnector, SocketConnector};
 use super::fork;
 use super::output::{self, Tail};
@@ -25,7 +26,6 @@ use super::render;
 use super::spawn::{Plain, Spawner, Spec};
 use super::wire::{BoxFuture, WorkerId};
 use super::zygote::{Zygote, NEEDS_FRESH_R, SANDBOX_FAILED};
-use super::conn::Conn;
 use crate::config::AppSource;
 
 /// Starts real R workers: plain R processes, or forks of a preloaded parent.

@@ -473,7 +473,12 @@ valve_warm_up <- function(app, rounds = 3L) {
   get_head <- frame_head("GET", "/__valve__/warm-up", "?msg=warm-up")
   post_head <- frame_head("POST", "/__valve__/warm-up", "", c("content-type", "content-length"))
   post_body <- charToRaw('{"a":1,"b":2}')
-  if ("plumber" %in% loadedNamespaces()) {
+  # What serves any app (plumber's request path, the loop's own functions
+  # compiled) is warmed once per environment: a fork of valve's warm parent
+  # shares the parent's, and warms only its own app's router below.
+  env <- environment(valve_warm_up)
+  generic <- !isTRUE(env$.valve_warmed)
+  if (generic && "plumber" %in% loadedNamespaces()) {
     scratch <- tryCatch({
       pr <- plumber::pr()
       pr$handle("GET", "/__valve__/warm-up", function(msg = "") list(msg = msg))
@@ -499,12 +504,14 @@ valve_warm_up <- function(app, rounds = 3L) {
   lt$run()
   # The loop's I/O helpers cannot run before valve is connected; without this
   # R's JIT compiles them on the first frame (15-30 ms).
-  env <- environment(valve_warm_up)
-  for (f in c(".valve_serve", ".valve_recover", ".valve_park", ".valve_waiting_frame", ".valve_with_id", ".valve_wait_readable", ".valve_read", ".valve_read_rest", ".valve_u64",
-              ".valve_hello", ".valve_connect")) {
-    assign(f, compiler::cmpfun(get(f, envir = env)), envir = env)
+  if (generic) {
+    for (f in c(".valve_serve", ".valve_recover", ".valve_park", ".valve_waiting_frame", ".valve_with_id", ".valve_wait_readable", ".valve_read", ".valve_read_rest", ".valve_u64",
+                ".valve_hello", ".valve_connect")) {
+      assign(f, compiler::cmpfun(get(f, envir = env)), envir = env)
+    }
+    assign(".valve_io", lapply(get(".valve_io", envir = env), compiler::cmpfun), envir = env)
+    env$.valve_warmed <- TRUE
   }
-  assign(".valve_io", lapply(get(".valve_io", envir = env), compiler::cmpfun), envir = env)
   proc.time()[["elapsed"]] - t0
 }
 

@@ -278,8 +278,7 @@ impl Spec {
     /// inherits from valve's: the app's own variables, its sandbox's (home,
     /// temporary folder, user), and what the launcher reads.
     pub(super) fn worker_env(&self, mode: &str) -> Vec<(String, std::ffi::OsString)> {
-        let mut env: Vec<(String, std::ffi::OsString)> =
-            self.env.iter().map(|(k, v)| (k.clone(), v.into())).collect();
+        let mut env: Vec<(String, std::ffi::OsString)> = self.env.iter().map(|(k, v)| (k.clone(), v.into())).collect();
         if let Some((s, _)) = &self.sandbox {
             env.extend(s.env().into_iter().map(|(k, v)| (k, v.into())));
         }

@@ -117,7 +117,7 @@ pub fn children(pid: u32) -> Vec<u32> {
 
 fn is_preload_parent(pid: u32) -> bool {
     std::fs::read(format!("/proc/{pid}/environ"))
-        .map(|env| env.split(|b| *b == 0).any(|kv| kv == b"VALVE_MODE=preload"))
+        .map(|env| env.split(|b| *b == 0).any(|kv| kv == b"VALVE_MODE=preload" || kv == b"VALVE_MODE=zygote"))
         .unwrap_or(false)
 }
 

@@ -27,3 +27,4 @@ mod shiny;
 mod site;
 mod statics;
 mod traces;
+mod warm;

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::process::{ChildStdin, Command};
 use tokio::sync::{watch, Mutex};
+use tokio_util::sync::CancellationToken;
 
 use super::fork::{own_start_time, Fork, ParentExit};
 use super::output::{self, Sink, Tail, NOT_A_WORKER};
@@ -88,11 +89,9 @@ impl Zygotes {
                     spawner: self.spawner.clone(),
                     parent: Mutex::new(None),
                     failed_at: StdMutex::new(None),
+                    closed: CancellationToken::new(),
                 });
-                let started = z.clone();
-                tokio::spawn(async move {
-                    let _ = started.parent().await;
-                });
+                tokio::spawn(z.clone().keep_up());
                 z
             })
             .clone()
@@ -100,8 +99,7 @@ impl Zygotes {
 
     /// Stops every warm parent.
     pub async fn shutdown(&self) {
-        let all: Vec<Arc<Zygote>> =
-            self.parents.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        let all: Vec<Arc<Zygote>> = self.parents.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
         for z in all {
             z.shutdown().await;
         }
@@ -116,6 +114,8 @@ pub struct Zygote {
     parent: Mutex<Option<Parent>>,
     /// When it last failed to start or died: not started again before `RESTART_AFTER`.
     failed_at: StdMutex<Option<Instant>>,
+    /// Fired at shutdown: no more starts.
+    closed: CancellationToken,
 }
 
 struct Parent {
@@ -133,6 +133,27 @@ impl Zygote {
         &self.recipe.r_bin
     }
 
+    /// Starts the parent, and starts it again `RESTART_AFTER` after it dies,
+    /// until valve stops: between, workers start as fresh R.
+    async fn keep_up(self: Arc<Self>) {
+        loop {
+            let gone = match self.parent().await {
+                Ok(guard) => guard.as_ref().map(|p| p.gone.clone()),
+                Err(_) => None,
+            };
+            if let Some(mut gone) = gone {
+                tokio::select! {
+                    _ = gone.wait_for(Option::is_some) => {}
+                    _ = self.closed.cancelled() => return,
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(RESTART_AFTER) => {}
+                _ = self.closed.cancelled() => return,
+            }
+        }
+    }
+
     fn failed_at(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
         self.failed_at.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -140,6 +161,9 @@ impl Zygote {
     /// The live parent, started (again) if it is not running and may be.
     async fn parent(&self) -> Result<tokio::sync::MutexGuard<'_, Option<Parent>>, Unavailable> {
         let mut guard = self.parent.lock().await;
+        if self.closed.is_cancelled() {
+            return Err(Unavailable("valve is stopping".into()));
+        }
         if let Some(p) = guard.as_ref() {
             if p.gone.borrow().is_none() {
                 return Ok(guard);
@@ -238,6 +262,7 @@ impl Zygote {
 
     /// Closes the parent's stdin (it exits on end-of-file), then makes sure.
     pub async fn shutdown(&self) {
+        self.closed.cancel();
         let Some(parent) = self.parent.lock().await.take() else { return };
         let Parent { pid, stdin, mut gone } = parent;
         drop(stdin);

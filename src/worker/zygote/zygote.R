@@ -41,10 +41,12 @@ local({
       f <- tempfile(fileext = ".R")
       writeLines(c("#* @get /", "#* @serializer unboxedJSON", "function(req) list(ok = TRUE)"), f)
       router <- plumber::pr(f)
-      # plumber's request path, as valve's frames loop drives it.
+      # plumber's request path, as valve's frames loop drives it; the loop,
+      # loaded and compiled here, is every fork's (the launcher finds it).
       env <- new.env()
       sys.source(Sys.getenv("VALVE_LOOP"), envir = env, keep.source = FALSE)
       env$valve_warm_up(router)
+      options(valve.frames_env = env)
       unlink(f)
     }
     if ("shiny" %in% loaded) {
