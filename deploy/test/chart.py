@@ -95,7 +95,7 @@ SETS = {
     "signin": ["--set", "oauth2Proxy.enabled=true", "--set", "oauth2Proxy.oidcIssuerUrl=https://idp.example.com",
                "--set", "oauth2Proxy.existingSecret=valve-signin", "--set", "valve.trustedProxies[0]=10.0.0.0/8"],
     # With a sidecar: it must stay non-root whatever valve's container becomes.
-    "isolation=users": ["--set", "isolation=users", "--set", "oauth2Proxy.enabled=true",
+    "isolation=users": ["--set", "isolation=users", "--set-file", "config=CONFIG", "--set", "oauth2Proxy.enabled=true",
                         "--set", "oauth2Proxy.oidcIssuerUrl=https://idp.example.com",
                         "--set", "oauth2Proxy.existingSecret=valve-signin"],
     "isolation=view": ["--set", "isolation=view"],
@@ -204,6 +204,8 @@ def check_isolation(name, by_version):
     unconfined = {"type": "Unconfined"}
     annotation = "container.apparmor.security.beta.kubernetes.io/valve"
     if mode == "users":
+        if volumes.get("config", {}).get("configMap", {}).get("defaultMode") != 0o400:
+            fail(f"{what}: valve's config file must be readable by valve (root) alone: {volumes.get('config')}")
         if "seccompProfile" in sc or "appArmorProfile" in sc:
             fail(f"{what}: valve's container keeps the runtime's seccomp and AppArmor profiles: {sc}")
         for side in pod["containers"][1:]:
