@@ -11,7 +11,7 @@
   drain flags, a grace period covering them, --config only with a config, each
   `isolation` value's security context (non-root and no capabilities; root with
   exactly the capabilities valve needs to switch users, a state volume; those
-  plus SYS_ADMIN and unconfined seccomp and AppArmor), ...;
+  plus SYS_ADMIN and AppArmor unconfined, seccomp as asked), ...;
 - a misspelled value and a misspelled field are rejected (the checks bite);
 - deploy/kubernetes/ is what the chart renders now, and validates too.
 
@@ -99,6 +99,7 @@ SETS = {
                         "--set", "oauth2Proxy.oidcIssuerUrl=https://idp.example.com",
                         "--set", "oauth2Proxy.existingSecret=valve-signin"],
     "isolation=view": ["--set", "isolation=view"],
+    "isolation=view-unconfined": ["--set", "isolation=view", "--set", "viewSeccompProfile=Unconfined"],
 }
 
 # What valve needs as root to give each app a user of its own (found by trying, deploy/test/image).
@@ -173,7 +174,7 @@ def check_defaults(docs):
 
 def check_isolation(name, by_version):
     """Each `isolation` value's security contexts, volumes and state directory."""
-    mode = name.split("=")[1] if name.startswith("isolation=") else "shared"
+    mode = name.split("=")[1].split("-")[0] if name.startswith("isolation=") else "shared"
     docs = by_version[KUBE_VERSIONS[-1]]
     pod = find(docs, "Deployment")["spec"]["template"]["spec"]
     c = container(docs)
@@ -213,8 +214,12 @@ def check_isolation(name, by_version):
             if side_sc.get("runAsUser") == 0 or side_sc.get("capabilities", {}).get("add"):
                 fail(f"{what}: the {side['name']} sidecar must stay non-root with no capability: {side_sc}")
     else:
-        if sc.get("seccompProfile") != unconfined or sc.get("appArmorProfile") != unconfined:
-            fail(f"{what}: Kubernetes {KUBE_VERSIONS[-1]}: seccomp and AppArmor must be Unconfined: {sc}")
+        if sc.get("appArmorProfile") != unconfined:
+            fail(f"{what}: Kubernetes {KUBE_VERSIONS[-1]}: AppArmor must be Unconfined: {sc}")
+        # The pod's RuntimeDefault, unless asked for Unconfined.
+        seccomp = unconfined if name.endswith("-unconfined") else None
+        if sc.get("seccompProfile") != seccomp or pod["securityContext"].get("seccompProfile") != {"type": "RuntimeDefault"}:
+            fail(f"{what} ({name}): seccomp {sc.get('seccompProfile')} in valve's container, want {seccomp}: {sc}")
         old = by_version[KUBE_VERSIONS[0]]
         old_ann = find(old, "Deployment")["spec"]["template"]["metadata"]["annotations"]
         if old_ann.get(annotation) != "unconfined" or "appArmorProfile" in container(old)["securityContext"]:
@@ -326,6 +331,9 @@ def main():
     r = run([HELM, "lint", "--strict", CHART, "--set", "isolation=root"])
     if r.returncode == 0:
         fail("helm lint accepted isolation=root (only shared, users, view)")
+    r = run([HELM, "lint", "--strict", CHART, "--set", "viewSeccompProfile=Localhost"])
+    if r.returncode == 0:
+        fail("helm lint accepted viewSeccompProfile=Localhost (only RuntimeDefault, Unconfined)")
     r = run([HELM, "template", "valve", CHART, "--namespace", "default"])
     typo = r.stdout.replace("periodSeconds:", "periodSecond:", 1)
     if run([VALIDATE, "--strict", "--quiet", "-k", KUBE_VERSIONS[-1], "-"], typo).returncode == 0:

@@ -57,9 +57,9 @@ most saturated app. KEDA divides it by the threshold to get the replicas wanted.
 users or view, root with only what valve needs to give each app a user of its own:
 becoming it (SETUID, SETGID), making its private folders its own (CHOWN, FOWNER), reaching
 into them, 0700 and the app's (DAC_OVERRIDE), and signalling its workers (KILL). view adds
-a mount namespace per app (SYS_ADMIN; seccomp and AppArmor unconfined: the runtimes' default
-profiles refuse mount, unshare, open_tree and move_mount). From Kubernetes 1.30 AppArmor is a
-field here; before, the pod annotation in valve.podAnnotations. */}}
+a mount namespace per app (SYS_ADMIN; AppArmor unconfined: the runtimes' default AppArmor
+profiles refuse mounts; seccomp as viewSeccompProfile says). From Kubernetes 1.30 AppArmor is a
+field here; before, the pod annotation in the Deployment's template. */}}
 {{- define "valve.securityContext" -}}
 {{- $sc := deepCopy .Values.securityContext }}
 {{- if ne .Values.isolation "shared" }}
@@ -72,7 +72,9 @@ field here; before, the pod annotation in valve.podAnnotations. */}}
 {{- $_ = set $sc "runAsNonRoot" false }}
 {{- $_ = set $sc "capabilities" (dict "drop" (list "ALL") "add" $caps) }}
 {{- if eq .Values.isolation "view" }}
+{{- if eq .Values.viewSeccompProfile "Unconfined" }}
 {{- $_ = set $sc "seccompProfile" (dict "type" "Unconfined") }}
+{{- end }}
 {{- if include "valve.appArmorField" . }}
 {{- $_ = set $sc "appArmorProfile" (dict "type" "Unconfined") }}
 {{- end }}
