@@ -9,7 +9,8 @@
 //! - `worker`: starting, reaching, watching and signalling one R process.
 //! - `http`: the listener and drain, the router (prefix and host to app), the
 //!   one forwarding loop, bodies held whole, replies.
-//! - `admin`: valve's own pages under /__valve__/.
+//! - `admin`: valve's own pages under /__valve__/, and publishing
+//!   (`admin::publish`: the publishing API, deployments, versions).
 //! - `applog`: every app's log buffer (R's output, valve's lines about it).
 //! - `usage`: Shiny sessions and requests by user, kept and logged.
 //! - `metrics`: counters, histograms and the dashboard's history.
@@ -17,11 +18,15 @@
 //! - `mac`: valve's secret keys and their MACs (HMAC-SHA-256).
 //! - `reload`: the apps being served, their generations, and reloads.
 //! - `shutdown`: the signals that stop valve, fanned out as tokens.
+//! - `trace`: OpenTelemetry traces: W3C `traceparent` in and out, spans
+//!   exported over OTLP/HTTP through a bounded queue.
 //! - `healthcheck`: `valve --healthcheck`.
+//! - `client`: valve's HTTP/1.1 connections to services beside it.
 
 pub mod admin;
 pub mod app;
 pub mod applog;
+pub mod client;
 pub mod config;
 pub mod healthcheck;
 pub mod http;
@@ -30,6 +35,7 @@ pub mod mac;
 pub mod metrics;
 pub mod reload;
 pub mod shutdown;
+pub mod trace;
 pub mod usage;
 pub mod worker;
 
@@ -39,6 +45,7 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 
+use crate::admin::publish::Publisher;
 use crate::admin::Admin;
 use crate::app::Fleet;
 use crate::config::{Config, Source, Transport};
@@ -89,6 +96,9 @@ async fn bind_one(addr: &str, what: &'static str) -> Result<TcpListener, RunErro
         hint: match error.kind() {
             std::io::ErrorKind::AddrInUse => match what {
                 "pick another --port" => " (another program uses it: stop it or pick another --port)",
+                "pick another --publish-addr HOST:PORT" => {
+                    " (another program uses it: pick another --publish-addr HOST:PORT)"
+                }
                 _ => " (another program uses it: pick another --admin-addr HOST:PORT)",
             },
             std::io::ErrorKind::PermissionDenied => " (ports below 1024 need privileges: pick one above 1024)",
@@ -142,19 +152,41 @@ pub async fn run(
     let reloader = Reloader::new(apps.clone(), source.clone(), config.clone());
     let admin = Admin::new(router.clone(), fleet.clone(), registry.clone(), &config, shutdown.signalled.clone());
     admin.set_reloader(reloader.clone());
+    // Publishing, when on: its API on the admin listener (and its own address, if asked).
+    let publisher = config.server.publish.as_ref().map(|p| Publisher::new(p.clone(), reloader.clone(), addr));
+    if let Some(p) = &publisher {
+        admin.set_publisher(p.clone());
+    }
     let limits = ClientLimits {
         header_timeout: config.server.header_timeout,
         client_timeout: CLIENT_TIMEOUT,
         max_head: MAX_HEAD_BYTES * 2,
     };
+    let publish: Option<Arc<dyn http::server::Publish>> = publisher.clone().map(|p| p as _);
     let admin_addr = match admin_listener {
         Some(l) => {
             let a = l.local_addr().ok();
-            http::server::serve_admin(l, admin.clone(), limits);
+            http::server::serve_admin(l, admin.clone(), limits, publish.clone());
             a
         }
         None => None,
     };
+    if let (Some(p), Some(settings)) = (&publish, &config.server.publish) {
+        match &settings.addr {
+            Some(at) => {
+                let l = bind_one(at, "pick another --publish-addr HOST:PORT").await?;
+                if let Ok(bound) = l.local_addr() {
+                    tracing::info!(addr = %bound, "publishing API on its own address");
+                }
+                http::server::serve_publish(l, p.clone(), limits);
+            }
+            None if admin_addr.is_none() => tracing::warn!(
+                "publishing is on but valve has no admin listener (--admin-addr off) and no --publish-addr: nobody can publish"
+            ),
+            None => {}
+        }
+    }
+    let tracer = trace::Tracer::start(config.server.otlp.as_ref(), registry.clone());
     let front = Front::new(
         router.clone(),
         Forwarder::new(
@@ -164,7 +196,8 @@ pub async fn run(
                 session: config.server.shiny_session_buffer as usize,
                 total: config.server.shiny_buffer_total as usize,
             },
-        ),
+        )
+        .traced(tracer.clone()),
         http::auth::Asker::new(registry.clone()),
         admin.clone(),
         shutdown.signalled.clone(),
@@ -212,6 +245,7 @@ pub async fn run(
             _ = shutdown.drain.cancelled() => {
                 apps.shutdown().await;
                 registry.usage.close();
+                tracer.shutdown().await;
                 return Ok(Drained::Clean);
             }
         }
@@ -225,6 +259,7 @@ pub async fn run(
     // Sessions end as their workers stop: what the usage log lacks goes now.
     let _ = tokio::time::timeout(Duration::from_secs(2), sessions.wait()).await;
     registry.usage.close();
+    tracer.shutdown().await;
     Ok(drained)
 }
 

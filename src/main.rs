@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use valve::config::{AppSource, Args, Config, LoadError, Source};
+use valve::config::{AppSource, Args, Command, Config, LoadError, Source};
 use valve::http::server::{display_addr, Drained};
 use valve::metrics::Registry;
 use valve::shutdown::Shutdown;
@@ -30,6 +30,9 @@ fn main() -> ExitCode {
     };
     if let Some(url) = args.healthcheck_url() {
         return healthcheck(&url);
+    }
+    if let Some(command) = args.command.clone() {
+        return subcommand(&args, command);
     }
     let json = args.wants_json_logs();
     // What the kernel lets valve give apps (own users, a private view), known
@@ -121,6 +124,69 @@ fn healthcheck(url: &str) -> ExitCode {
         }
         Err(e) => {
             eprintln!("valve: unhealthy: {e}");
+            ExitCode::from(EXIT_START)
+        }
+    }
+}
+
+/// `valve publish-key`, `versions`, `activate`, `access`: 0 when done, 1
+/// when valve said no (or could not be reached), 2 for bad arguments.
+fn subcommand(args: &Args, command: Command) -> ExitCode {
+    if let Command::PublishKey { name } = &command {
+        return match valve::config::publish::new_key(name) {
+            Ok((key, line)) => {
+                println!("# the key: give it to {name} (rsconnect::connectApiUser(apiKey = ...) or valve_deploy(key = ...)); valve keeps only its hash");
+                println!("{key}");
+                println!("# the line for publish_keys_file (then valve reads the file again by itself):");
+                println!("{line}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("valve: error: {e}");
+                ExitCode::from(EXIT_USAGE)
+            }
+        };
+    }
+    let given = match &command {
+        Command::Versions { admin, .. } | Command::Activate { admin, .. } | Command::Access { admin, .. } => admin,
+        Command::PublishKey { .. } => &None,
+    };
+    let admin = match args.admin_url_for(given.as_deref()) {
+        Ok(url) => url,
+        Err(e) => {
+            eprintln!("valve: error: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("valve: error: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_START);
+        }
+    };
+    let split = |list: &Option<String>| {
+        list.as_ref().map(|l| l.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect())
+    };
+    use valve::admin::publish::cli;
+    let done = runtime.block_on(async {
+        match &command {
+            Command::Versions { app, .. } => cli::versions(&admin, app).await,
+            Command::Activate { app, version, .. } => cli::activate(&admin, app, *version).await,
+            Command::Access { app, users, groups, open, .. } => {
+                let (users, groups) = if *open { (None, None) } else { (split(users), split(groups)) };
+                cli::access(&admin, app, users, groups).await
+            }
+            Command::PublishKey { .. } => Ok(String::new()),
+        }
+    });
+    match done {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("valve: error: {e}");
             ExitCode::from(EXIT_START)
         }
     }

@@ -71,6 +71,17 @@ pub struct Plan {
     pub unchanged: Vec<String>,
 }
 
+/// What became of a new generation a reload started: it serves now, or it
+/// could not start (the previous one, if any, serves on). A deployment
+/// waits for its own.
+#[derive(Clone, Debug)]
+pub struct Promoted {
+    pub app: String,
+    /// The app's path (a published app's version folder).
+    pub path: std::path::PathBuf,
+    pub result: Result<(), String>,
+}
+
 /// Every app and its generations.
 pub struct Apps {
     router: Arc<Router>,
@@ -87,6 +98,8 @@ pub struct Apps {
     reloading: tokio::sync::Mutex<()>,
     /// Winding-down generations and starting ones.
     tasks: TaskTracker,
+    /// What became of each new generation, for whoever listens.
+    promoted: tokio::sync::broadcast::Sender<Promoted>,
 }
 
 #[derive(Default)]
@@ -149,7 +162,13 @@ impl Apps {
             }),
             reloading: tokio::sync::Mutex::new(()),
             tasks: TaskTracker::new(),
+            promoted: tokio::sync::broadcast::channel(64).0,
         })
+    }
+
+    /// Tells of every new generation from now on: serving, or failed.
+    pub fn promotions(&self) -> tokio::sync::broadcast::Receiver<Promoted> {
+        self.promoted.subscribe()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -169,6 +188,20 @@ impl Apps {
                 self.registry.app(&app.name),
             ));
         }
+        let (mut spec, spool) = self.spec(app, site)?;
+        spec.on_output(log);
+        let metrics = self.registry.app(&app.name);
+        metrics.set_memory_limit(app.memory_limit);
+        spec.on_output(metrics.clone());
+        settings.spool = Some(spool);
+        let launcher = RLauncher::new(spec, app.preload).map_err(RunError::RunDir)?;
+        Ok(Supervisor::new(self.fleet.clone(), settings, Box::new(launcher), metrics))
+    }
+
+    /// How app `app`'s R processes are started, in its sandbox: its workers,
+    /// and any other R run as the app (a published bundle's package check);
+    /// and where its spooled bodies go.
+    pub fn spec(&self, app: &AppConfig, site: &Site) -> Result<(Spec, SpoolDir), RunError> {
         let mut spec = Spec::new(
             self.run_dir.clone(),
             app.r_bin.clone(),
@@ -182,16 +215,10 @@ impl Apps {
         }
         spec.render_timeout = app.start_timeout;
         spec.name = Arc::from(app.name.as_str());
-        spec.on_output(log);
         let sandboxed = |error| RunError::Sandbox { app: app.name.clone(), error };
         let sandbox = Sandbox::for_app(app, site, self.run_dir.path()).map_err(sandboxed)?;
-        let metrics = self.registry.app(&app.name);
-        metrics.set_memory_limit(app.memory_limit);
-        spec.on_output(metrics.clone());
-        settings.spool = Some(SpoolDir { dir: sandbox.run.clone(), owner: sandbox.owner() });
-        let spec = spec.sandboxed(sandbox).map_err(sandboxed)?;
-        let launcher = RLauncher::new(spec, app.preload).map_err(RunError::RunDir)?;
-        Ok(Supervisor::new(self.fleet.clone(), settings, Box::new(launcher), metrics))
+        let spool = SpoolDir { dir: sandbox.run.clone(), owner: sandbox.owner() };
+        Ok((spec.sandboxed(sandbox).map_err(sandboxed)?, spool))
     }
 
     /// Puts the serving apps in the router.
@@ -302,6 +329,9 @@ impl Apps {
                     Ok(sup) => sup,
                     Err(e) => {
                         tracing::error!(app = %app.name, error = %e, "cannot start a new generation of the app");
+                        let path = app.source.path().to_path_buf();
+                        let _ =
+                            self.promoted.send(Promoted { app: app.name.clone(), path, result: Err(e.to_string()) });
                         continue;
                     }
                 };
@@ -367,6 +397,19 @@ impl Apps {
             return;
         }
         let Some(new) = state.starting.remove(name) else { return };
+        let told = result.as_ref().map(|_| ()).map_err(|e| {
+            let mut said = e.to_string();
+            for line in e.tail() {
+                said.push_str("\n  R: ");
+                said.push_str(line);
+            }
+            said
+        });
+        let _ = self.promoted.send(Promoted {
+            app: name.to_string(),
+            path: new.config.source.path().to_path_buf(),
+            result: told,
+        });
         match result {
             Ok(()) => {
                 new.sup.set_n_min(n_min);
@@ -450,6 +493,11 @@ impl Reloader {
         Arc::new(Reloader { apps, source, started })
     }
 
+    /// Where the configuration comes from (what a reload reads).
+    pub fn source(&self) -> &Source {
+        &self.source
+    }
+
     /// Reloads, or says why nothing changed.
     pub async fn reload(&self) -> Result<Plan, LoadError> {
         let source = self.source.clone();
@@ -471,6 +519,8 @@ impl Reloader {
             ("admin_addr", old.admin_addr != new.admin_addr),
             ("log_format", old.log_json != new.log_json),
             ("worker_transport", old.worker_transport != new.worker_transport),
+            ("publish_*", old.publish != new.publish),
+            ("otlp_endpoint", old.otlp != new.otlp),
         ] {
             if changed {
                 tracing::warn!(

@@ -4,7 +4,9 @@
 //! (memory is what each worker's task sampled), so a long computation
 //! cannot fail a probe. This file routes; its rooms answer: `status` (the
 //! JSON of valve, its apps and workers), `logs`, `usage`, and `query` (the
-//! parameters they take).
+//! parameters they take). Publishing (`publish/`) is a room of its own:
+//! the publishing API and valve's pages of published apps
+//! (`/__valve__/published/`).
 //!
 //! | path                          | answer                                      |
 //! |-------------------------------|---------------------------------------------|
@@ -15,6 +17,8 @@
 //! | `/apps/NAME/logs`             | the app's log (`logs`)                      |
 //! | `/usage`                      | sessions and requests by user (`usage`)     |
 //! | `/status`, `/metrics`, `/healthz`, `/readyz`, `/reload` | as before         |
+
+pub mod publish;
 
 mod logs;
 mod query;
@@ -56,6 +60,9 @@ pub struct Admin {
     config: serde_json::Value,
     /// Reloads the configuration (`POST /__valve__/reload`).
     reloader: OnceLock<Arc<Reloader>>,
+    /// Publishing, when on: the status page and metrics say what each
+    /// published app serves.
+    publisher: OnceLock<Arc<publish::Publisher>>,
 }
 
 impl Admin {
@@ -105,7 +112,12 @@ impl Admin {
             started: Instant::now(),
             config,
             reloader: OnceLock::new(),
+            publisher: OnceLock::new(),
         })
+    }
+
+    pub fn set_publisher(&self, publisher: Arc<publish::Publisher>) {
+        let _ = self.publisher.set(publisher);
     }
 
     pub fn set_reloader(&self, reloader: Arc<Reloader>) {
@@ -157,7 +169,10 @@ impl Admin {
                 }
             }
             "/metrics" => {
-                let body = self.registry.render(&self.gauges(), self.fleet.processes(), self.fleet.max_workers());
+                let mut body = self.registry.render(&self.gauges(), self.fleet.processes(), self.fleet.max_workers());
+                if let Some(p) = self.publisher.get() {
+                    body.push_str(&p.metrics());
+                }
                 text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", body)
             }
             "/status" => text(StatusCode::OK, "application/json", self.status().to_string()),
@@ -270,6 +285,20 @@ pub fn listing(table: &Table) -> Response<ReplyBody> {
 
 fn html_escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+impl crate::http::server::Publish for publish::Publisher {
+    fn wants(&self, path: &str, admin: bool) -> bool {
+        publish::Publisher::wants(path, admin)
+    }
+
+    fn handle(
+        self: Arc<Self>,
+        req: http::Request<hyper::body::Incoming>,
+        admin: bool,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response<ReplyBody>> + Send>> {
+        Box::pin(publish::Publisher::handle(self, req, admin))
+    }
 }
 
 impl Pages for Admin {

@@ -128,6 +128,8 @@ impl Admin {
             "isolation": (!c.is_static()).then(|| super::isolation(c, self.isolation)),
             "memory_limit": c.memory_limit,
             "memory_limit_errors": m.sup.metrics.memory_limit_errors(),
+            // A published app's active version, when and by which key (none for others).
+            "published": self.publisher.get().and_then(|p| p.status_of(&c.name)),
             "live_workers": live,
             // No R process now, and none until a request comes (static content has none ever).
             "scaled_to_zero": !c.is_static() && c.n_min == 0 && live == 0,

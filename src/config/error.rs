@@ -58,11 +58,17 @@ pub enum ConfigError {
     BufferTotalBelowSession { total: String, session: String },
     #[error("{flag}: {why}")]
     Access { flag: &'static str, why: String },
+    /// Publishing's settings, keys file or published apps.
+    #[error("{0}")]
+    Published(String),
     /// Whom apps run as, or what their users can read (one line per problem).
     #[error("{0}")]
     Isolation(String),
     #[error("--usage-log {path}: {why}")]
     UsageLog { path: String, why: String },
+    /// Where traces go: the message names the setting and its value.
+    #[error("{0}")]
+    Otlp(String),
 }
 
 /// `--shiny-reconnect-window`: the longest (a day).

@@ -22,7 +22,9 @@ use super::flags::Args;
 use super::flags::{parse_memory_limit, valves_own};
 use super::keys::{edit_distance, flag_name, ACCESS_KEYS, APP_KEYS, APP_ONLY, SERVER_KEYS};
 use super::model::{self, normal_prefix, valid_name, AppConfig, Config, Server};
+use super::otel::{self, Given, Otlp};
 use super::problems::{line_col, Problem, Problems};
+use super::publish::{Candidate, Publishing};
 use super::settle::{settle, Unfit};
 use super::users::{parse_uid_range, Isolation, RunAs};
 
@@ -38,6 +40,11 @@ struct Apps {
 
 /// Reads, checks and resolves a config file against the flags.
 pub fn load(path: &Path, args: &Args) -> Result<Config, Problems> {
+    load_with(path, args, None)
+}
+
+/// As `load`, with one published app at `candidate`'s version.
+pub(super) fn load_with(path: &Path, args: &Args, candidate: Option<&Candidate>) -> Result<Config, Problems> {
     let fail =
         |line, col, message: String| Problems { file: path.to_path_buf(), list: vec![Problem { line, col, message }] };
     let text = std::fs::read_to_string(path).map_err(|e| {
@@ -50,7 +57,7 @@ pub fn load(path: &Path, args: &Args) -> Result<Config, Problems> {
     };
     let top: Table = toml::from_str(&text).map_err(parse_error)?;
     let apps: Apps = toml::from_str(&text).map_err(parse_error)?;
-    let mut cx = Cx { text: &text, args, top: &top, problems: Vec::new() };
+    let mut cx = Cx { text: &text, args, top: &top, problems: Vec::new(), candidate, base: base.clone() };
     let config = cx.resolve(&apps.app, &base, path);
     match (config, cx.problems.is_empty()) {
         (Some(c), true) => Ok(c),
@@ -69,6 +76,10 @@ struct Cx<'a> {
     args: &'a Args,
     top: &'a Table,
     problems: Vec<Problem>,
+    /// A deployment's version to load for one published app.
+    candidate: Option<&'a Candidate>,
+    /// The config file's folder: relative paths start there.
+    base: PathBuf,
 }
 
 impl<'a> Cx<'a> {
@@ -167,21 +178,31 @@ impl<'a> Cx<'a> {
         }
         let spans: Vec<std::ops::Range<usize>> = resolved.iter().map(|(_, s)| s.clone()).collect();
         let mut apps: Vec<AppConfig> = resolved.into_iter().map(|(a, _)| a).collect();
+        let publish = self.publishing();
+        if let Some(Some(p)) = &publish {
+            self.published(p, &mut apps, base);
+        }
         let private = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
-        let server = self.server(&apps, base, private)?;
+        let server = self.server(&apps, base, private, publish?)?;
         if let Some(range) = self.uid_range() {
             for (i, why) in settle(&mut apps, &self.args.kernel, range) {
-                // The app's own run_as, else the top level's; a folder problem at the app's table.
+                // The app's own run_as, else the top level's; a folder problem at the app's table
+                // (a published app has none: said without a place).
                 match why {
                     Unfit::RunAs(m) => {
-                        let place = app_tables_key(self.text, &spans[i], "run_as")
+                        let place = spans
+                            .get(i)
+                            .and_then(|span| app_tables_key(self.text, span, "run_as"))
                             .or_else(|| self.top.get("run_as").map(|v| v.span()));
                         match place {
                             Some(span) => self.at(span, m),
                             None => self.nowhere(m),
                         }
                     }
-                    Unfit::Folder(m) => self.at(spans[i].clone(), m),
+                    Unfit::Folder(m) => match spans.get(i) {
+                        Some(span) => self.at(span.clone(), m),
+                        None => self.nowhere(m),
+                    },
                 }
             }
         }
@@ -220,7 +241,13 @@ impl<'a> Cx<'a> {
         }
     }
 
-    fn server(&mut self, apps: &[AppConfig], base: &Path, config_file: PathBuf) -> Option<Server> {
+    fn server(
+        &mut self,
+        apps: &[AppConfig],
+        base: &Path,
+        config_file: PathBuf,
+        publish: Option<Publishing>,
+    ) -> Option<Server> {
         let a = self.args;
         let host = self.string("host", None, &a.host)?;
         let port = self.count("port", None, a.port as u64, 0, u16::MAX as u64)? as u16;
@@ -253,6 +280,7 @@ impl<'a> Cx<'a> {
         let state_dir = state_dir?;
         let usage_log = self.usage_log(base);
         let usage_anonymize = self.boolean("usage_anonymize", None, a.usage_anonymize);
+        let otlp = self.otlp();
         Some(Server {
             host,
             port,
@@ -270,13 +298,39 @@ impl<'a> Cx<'a> {
             shiny_session_buffer: shiny_session_buffer?,
             shiny_buffer_total: shiny_buffer_total?,
             trust: trust?,
+            publish,
             private_paths: vec![config_file, state_dir.clone()],
             state_dir,
             isolation: Isolation::from_kernel(&a.kernel),
             valve_uid: a.kernel.uid,
             usage_log: usage_log?,
             usage_anonymize: usage_anonymize?,
+            otlp: otlp?,
         })
+    }
+
+    /// `otlp_endpoint` (a flag given explicitly wins), else OpenTelemetry's variables.
+    fn otlp(&mut self) -> Option<Option<Otlp>> {
+        let key = self.pick("otlp_endpoint", None);
+        let given = match key.map(|v| v.get_ref()) {
+            None => self.args.otlp_endpoint.as_deref().map(|v| (Given::Flag, v.to_string())),
+            Some(toml::Value::String(s)) => Some((Given::Key, s.clone())),
+            Some(other) => {
+                let message = format!("otlp_endpoint = {other}: must be a string such as \"http://127.0.0.1:4318\"");
+                self.at(key.map(|v| v.span()).unwrap_or(0..0), message);
+                return None;
+            }
+        };
+        match otel::otlp(given.as_ref().map(|(g, v)| (*g, v.as_str())), otel::environment) {
+            Ok(otlp) => Some(otlp),
+            Err(why) => {
+                match key {
+                    Some(v) => self.at(v.span(), why),
+                    None => self.nowhere(why),
+                }
+                None
+            }
+        }
     }
 
     /// `usage_log`: a file (relative to the config file's folder) in a folder that exists.
@@ -706,6 +760,7 @@ fn valid_hostname(h: &str) -> bool {
 }
 
 mod access;
+mod publish;
 
 #[cfg(test)]
 mod tests;

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use clap::{CommandFactory, FromArgMatches, Parser};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use super::access::{self, Trust, DEFAULT_EMAIL_HEADER, DEFAULT_GROUPS_HEADER, DEFAULT_USER_HEADER};
 use super::discover::{self, AppSource};
@@ -12,6 +12,8 @@ use super::error::{
     usage_log_problem, ConfigError,
 };
 use super::model::{admin_addr, transport, AppConfig, Config, Server};
+use super::otel::{self, Otlp};
+use super::publish::{self, Candidate, Publishing, VersionRule};
 use super::settle::{settle, Unfit};
 use super::site;
 use super::users::{parse_uid_range, Account, AccountKind, Isolation, Kernel, RunAs};
@@ -283,6 +285,12 @@ pub struct Args {
     /// kept in FILE.key (mode 0600) beside --usage-log, so a user hashes the same across restarts.
     #[arg(long = "usage-anonymize", env = "VALVE_USAGE_ANONYMIZE")]
     pub usage_anonymize: bool,
+    /// Traces: send a span per request and per Shiny session to this OpenTelemetry collector over
+    /// OTLP/HTTP, such as http://127.0.0.1:4318 (spans go to its /v1/traces); `off` for none. R
+    /// gets valve's span as `traceparent`. Unset: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
+    /// OTEL_EXPORTER_OTLP_ENDPOINT if set; the service name is OTEL_SERVICE_NAME (default valve).
+    #[arg(long = "otlp-endpoint", env = "VALVE_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 
     /// Seconds a client gets to send a request's headers before it is cut off.
     #[arg(long = "header-timeout", env = "VALVE_HEADER_TIMEOUT", default_value = "30", value_name = "SECONDS")]
@@ -300,6 +308,46 @@ pub struct Args {
     #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "")]
     pub healthcheck: Option<String>,
 
+    /// Turn publishing on: apps published with rsconnect::deployApp() (RStudio's Publish button)
+    /// or valve_deploy() are kept in DIR, each version in a folder of its own, and served at
+    /// /<name>/ beside the other apps. The publishing API is on the admin address (or
+    /// --publish-addr); needs --publish-keys-file.
+    #[arg(long = "publish-dir", env = "VALVE_PUBLISH_DIR", value_name = "DIR")]
+    pub publish_dir: Option<PathBuf>,
+
+    /// Who may publish: one key a line, `NAME KEY` or `NAME sha256:HEX` (the key's SHA-256);
+    /// `valve publish-key NAME` makes a key and its line. Read again when it changes.
+    #[arg(long = "publish-keys-file", env = "VALVE_PUBLISH_KEYS_FILE", value_name = "FILE")]
+    pub publish_keys_file: Option<PathBuf>,
+
+    /// Also serve the publishing API (only it) on this address, for publishing from laptops;
+    /// by default it is on the admin address alone.
+    #[arg(long = "publish-addr", env = "VALVE_PUBLISH_ADDR", value_name = "HOST:PORT")]
+    pub publish_addr: Option<String>,
+
+    /// Versions kept of each published app (the active one always); older ones are removed.
+    #[arg(long = "publish-keep", env = "VALVE_PUBLISH_KEEP", default_value_t = 5, value_name = "N")]
+    pub publish_keep: usize,
+
+    /// How the package versions a bundle's manifest names must match those the app's R loads:
+    /// `exact`, `at-least` (that version or a later one) or `any` (installed at all). valve
+    /// installs nothing: a deployment whose packages do not match fails and changes nothing.
+    #[arg(long = "publish-versions", env = "VALVE_PUBLISH_VERSIONS", default_value = "exact",
+          value_parser = ["exact", "at-least", "any"])]
+    pub publish_versions: String,
+
+    /// The largest bundle, compressed or unpacked (e.g. 500MB, 2GiB).
+    #[arg(long = "publish-max-size", env = "VALVE_PUBLISH_MAX_SIZE", default_value = "1GiB", value_name = "SIZE")]
+    pub publish_max_size: String,
+
+    /// The most files and folders one bundle may hold.
+    #[arg(long = "publish-max-files", env = "VALVE_PUBLISH_MAX_FILES", default_value_t = 20000, value_name = "N")]
+    pub publish_max_files: u64,
+
+    /// What to do instead of serving (none: serve).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// The flags given on the command line or by a `VALVE_*` variable (by
     /// their names in snake_case): they beat a config file's top level.
     #[arg(skip)]
@@ -310,6 +358,48 @@ pub struct Args {
     /// their own and a private view.
     #[arg(skip)]
     pub kernel: Kernel,
+}
+
+/// `valve COMMAND`: tasks beside serving. Without one, valve serves.
+#[derive(Subcommand, Debug, Clone)]
+pub enum Command {
+    /// Make a new random publishing key for NAME: prints the key (give it to NAME) and the line
+    /// to add to publish_keys_file (the key's hash: the file holds no secret).
+    PublishKey {
+        /// Who holds the key, as calls are logged (letters, digits, -, _, .).
+        name: String,
+    },
+    /// List a published app's versions: which is active, when and by which key each came.
+    Versions {
+        app: String,
+        /// valve's admin address (the ready line's admin_url), such as http://127.0.0.1:9090.
+        #[arg(long, env = "VALVE_ADMIN_URL", value_name = "URL")]
+        admin: Option<String>,
+    },
+    /// Serve another kept version of a published app (a rollback): a reload, no request fails.
+    Activate {
+        app: String,
+        version: u32,
+        /// valve's admin address (the ready line's admin_url), such as http://127.0.0.1:9090.
+        #[arg(long, env = "VALVE_ADMIN_URL", value_name = "URL")]
+        admin: Option<String>,
+    },
+    /// Set who may use a published app (its allow_users and allow_groups).
+    Access {
+        app: String,
+        /// Users (or emails) who may use it, comma-separated.
+        #[arg(long, value_name = "NAME,...")]
+        users: Option<String>,
+        /// Groups whose members may use it, comma-separated.
+        #[arg(long, value_name = "GROUP,...")]
+        groups: Option<String>,
+        /// Open it to everyone (drops both lists).
+        #[arg(long, conflicts_with_all = ["users", "groups"])]
+        open: bool,
+        /// valve's admin address (the ready line's admin_url), such as http://127.0.0.1:9090.
+        #[arg(long, env = "VALVE_ADMIN_URL", value_name = "URL")]
+        admin: Option<String>,
+    },
 }
 
 impl Args {
@@ -357,6 +447,62 @@ impl Args {
         Ok(args)
     }
 
+    /// The admin URL a subcommand talks to: `--admin`, else `--admin-addr`
+    /// when it names a port.
+    pub fn admin_url_for(&self, given: Option<&str>) -> Result<String, String> {
+        if let Some(url) = given {
+            let url = url.trim_end_matches('/');
+            return Ok(if url.contains("://") { url.to_string() } else { format!("http://{url}") });
+        }
+        match admin_addr(&self.admin_addr) {
+            Some(addr) if !addr.ends_with(":0") => Ok(format!("http://{addr}")),
+            _ => Err("pass --admin URL (or VALVE_ADMIN_URL): valve's admin address, the admin_url of its ready line, such as http://127.0.0.1:9090".into()),
+        }
+    }
+
+    /// `--publish-dir` and its companions, checked; the keys file is read.
+    pub(super) fn publishing(&self) -> Result<Option<Publishing>, ConfigError> {
+        let Some(dir) = &self.publish_dir else { return Ok(None) };
+        let keys_file = self.publish_keys_file.clone().ok_or_else(|| {
+            ConfigError::Published("--publish-dir needs --publish-keys-file: a file of keys that may publish (`valve publish-key NAME` makes one)".into())
+        })?;
+        publishing(
+            dir,
+            &keys_file,
+            self.publish_addr.clone(),
+            self.publish_keep,
+            &self.publish_versions,
+            parse_size("--publish-max-size", &self.publish_max_size)?,
+            self.publish_max_files,
+        )
+    }
+
+    /// Adds the published apps to a configuration made from flags (`-f`, `--site`).
+    fn with_published(&self, mut config: Config, candidate: Option<&Candidate>) -> Result<Config, ConfigError> {
+        let Some(p) = config.server.publish.clone() else { return Ok(config) };
+        let mut max = config.server.max_workers;
+        publish::add_published(
+            &p,
+            candidate,
+            &mut config.apps,
+            &mut max,
+            self.max_workers.is_some(),
+            |source, name, prefix, allow| {
+                let mut app = self.app(name, prefix, source, self.preload)?;
+                app.allow = allow;
+                Ok(app)
+            },
+        )?;
+        config.server.max_workers = max;
+        let n_min: usize = config.apps.iter().map(|a| a.n_min).sum();
+        if n_min > max {
+            return Err(ConfigError::MinAboveBudget { n_min, max });
+        }
+        // Whom every app runs as, the published ones among them (own uids are settled together).
+        self.settle(&mut config.apps)?;
+        Ok(config)
+    }
+
     /// Checks the per-app flags alone.
     fn check_pool_flags(&self) -> Result<(), ConfigError> {
         if self.n_max == 0 {
@@ -379,6 +525,16 @@ impl Args {
 
     /// `-f`: one app at `/`.
     pub fn single(&self) -> Result<Config, ConfigError> {
+        self.single_with(None)
+    }
+
+    /// `-f`, and the published apps (one at `candidate`'s version).
+    pub(super) fn single_with(&self, candidate: Option<&Candidate>) -> Result<Config, ConfigError> {
+        let config = self.single_alone()?;
+        self.with_published(config, candidate)
+    }
+
+    fn single_alone(&self) -> Result<Config, ConfigError> {
         self.check_pool_flags()?;
         let source = discover::resolve(&self.file, "-f/--file")?;
         let app = self.app(source.default_name(), "/".to_string(), source, self.preload)?;
@@ -393,6 +549,16 @@ impl Args {
 
     /// `--site DIR`: each app folder at `/<folder>`, with the flags' settings.
     pub fn site(&self, dir: &Path) -> Result<Config, ConfigError> {
+        self.site_with(dir, None)
+    }
+
+    /// `--site DIR`, and the published apps (one at `candidate`'s version).
+    pub(super) fn site_with(&self, dir: &Path, candidate: Option<&Candidate>) -> Result<Config, ConfigError> {
+        let config = self.site_alone(dir)?;
+        self.with_published(config, candidate)
+    }
+
+    fn site_alone(&self, dir: &Path) -> Result<Config, ConfigError> {
         self.check_pool_flags()?;
         let (apps, notes) = site::site(dir, |source, name, prefix| self.app(name, prefix, source, self.preload))?;
         let n_min: usize = apps.iter().map(|a| a.n_min).sum();
@@ -504,6 +670,7 @@ impl Args {
             shiny_session_buffer,
             shiny_buffer_total,
             trust: self.trust()?,
+            publish: self.publishing()?,
             state_dir: {
                 let dir = self.state_dir();
                 private_paths.push(dir.clone());
@@ -514,7 +681,14 @@ impl Args {
             private_paths,
             usage_log: self.usage_log.clone(),
             usage_anonymize: self.usage_anonymize,
+            otlp: self.otlp()?,
         })
+    }
+
+    /// `--otlp-endpoint`, else OpenTelemetry's variables.
+    fn otlp(&self) -> Result<Option<Otlp>, ConfigError> {
+        let given = self.otlp_endpoint.as_deref().map(|v| (otel::Given::Flag, v));
+        otel::otlp(given, otel::environment).map_err(ConfigError::Otlp)
     }
 
     /// `--trusted-proxies`, the identity header names, `--sign-in-url` and `--auth-url`.
@@ -540,6 +714,44 @@ impl Args {
             },
         })
     }
+}
+
+/// Publishing's settings from their values, checked; the keys file is read.
+pub(super) fn publishing(
+    dir: &Path,
+    keys_file: &Path,
+    addr: Option<String>,
+    keep: usize,
+    versions: &str,
+    max_size: u64,
+    max_files: u64,
+) -> Result<Option<Publishing>, ConfigError> {
+    let bad = ConfigError::Published;
+    if keep == 0 {
+        return Err(bad("publish_keep must be at least 1 (the active version is always kept)".into()));
+    }
+    let versions = VersionRule::parse(versions)
+        .ok_or_else(|| bad(format!("publish_versions {versions:?}: use \"exact\", \"at-least\" or \"any\"")))?;
+    std::fs::create_dir_all(dir).map_err(|e| {
+        bad(format!("publish_dir {}: cannot create it: {e} (valve's user must be able to write there)", dir.display()))
+    })?;
+    let dir = std::fs::canonicalize(dir).map_err(|e| bad(format!("publish_dir {}: {e}", dir.display())))?;
+    let keys = publish::read_keys(keys_file).map_err(bad)?;
+    if keys.is_empty() {
+        return Err(bad(format!(
+            "publish_keys_file {} holds no key: add a line with `valve publish-key NAME`",
+            keys_file.display()
+        )));
+    }
+    Ok(Some(Publishing {
+        dir,
+        keys_file: keys_file.to_path_buf(),
+        addr: addr.and_then(|a| admin_addr(&a)),
+        keep,
+        versions,
+        max_size,
+        max_files: max_files.max(1),
+    }))
 }
 
 /// The account an app has until its own is settled: valve's.

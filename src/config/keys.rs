@@ -57,10 +57,18 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "sign_in_url",
     "auth_url",
     "auth_cache",
+    "publish_dir",
+    "publish_keys_file",
+    "publish_addr",
+    "publish_keep",
+    "publish_versions",
+    "publish_max_size",
+    "publish_max_files",
     "state_dir",
     "uid_range",
     "usage_log",
     "usage_anonymize",
+    "otlp_endpoint",
 ];
 
 /// The flag a key stands for, for messages about flag values.
@@ -80,6 +88,7 @@ pub(super) fn flag_name(key: &str) -> &'static str {
         "shiny_session_buffer" => "--shiny-session-buffer",
         "shiny_buffer_total" => "--shiny-buffer-total",
         "auth_cache" => "--auth-cache",
+        "publish_max_size" => "--publish-max-size",
         "memory_limit" => "--memory-limit",
         "log_buffer" => "--log-buffer",
         _ => "a setting",

@@ -16,7 +16,10 @@
 //! `users` (whom an app's R runs as: `run_as`, an app's own uid, what the
 //! kernel lets valve do), `settle` (accounts and readable folders, once
 //! every app is read), `site` (`--site`), `flags` (clap), `file` (the TOML
-//! reader), `source` (where a configuration comes from, for reloads).
+//! reader), `source` (where a configuration comes from, for reloads),
+//! `publish` (publishing's settings, keys file and records, and the
+//! published apps as data), `otel` (where traces go: `--otlp-endpoint` and
+//! OpenTelemetry's `OTEL_*` variables).
 
 mod access;
 mod discover;
@@ -26,7 +29,9 @@ mod file;
 mod flags;
 mod keys;
 mod model;
+mod otel;
 mod problems;
+pub mod publish;
 mod rmd;
 mod settle;
 mod site;
@@ -36,8 +41,9 @@ mod users;
 pub use access::{Allow, AuthService, Cidr, Trust};
 pub use discover::{index_html, AppSource};
 pub use error::{parse_seconds, parse_size, ConfigError};
-pub use flags::Args;
+pub use flags::{Args, Command};
 pub use model::{is_admin_path, normal_prefix, valid_name, AppConfig, Config, Server, Transport, ADMIN_PREFIX};
+pub use otel::Otlp;
 pub use problems::{Problem, Problems};
 pub use rmd::{is_output_of_a_document, Runtime};
 pub use source::{LoadError, Source};

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use super::access::{Allow, Trust};
 use super::discover::AppSource;
+use super::otel::Otlp;
+use super::publish::Publishing;
 use super::users::{Account, Isolation, RunAs};
 
 /// valve's own paths: never an app's, never forwarded to R.
@@ -101,6 +103,8 @@ pub struct Server {
     pub shiny_buffer_total: u64,
     /// Who is calling: trusted proxies, identity header names, the sign-in URL.
     pub trust: Trust,
+    /// Publishing (`publish_dir`), when on.
+    pub publish: Option<Publishing>,
     /// Where valve keeps what outlives a run: each app's private home.
     pub state_dir: PathBuf,
     /// What valve can give apps (own users, a private view), from what it
@@ -116,6 +120,8 @@ pub struct Server {
     pub usage_log: Option<PathBuf>,
     /// Keep a keyed hash instead of each user in the usage list and log.
     pub usage_anonymize: bool,
+    /// Where spans go (`None`: valve records none).
+    pub otlp: Option<Otlp>,
 }
 
 /// How valve reaches a plumber worker.

@@ -8,6 +8,7 @@ use super::file;
 use super::flags::Args;
 use super::model::Config;
 use super::problems::Problems;
+use super::publish::Candidate;
 
 /// Where the configuration comes from, so that a reload reads it again.
 #[derive(Clone, Debug)]
@@ -23,10 +24,20 @@ pub enum Source {
 impl Source {
     /// Reads the configuration (again).
     pub fn load(&self) -> Result<Config, LoadError> {
+        self.load_with(None)
+    }
+
+    /// Reads the configuration as it would be with one published app at
+    /// `candidate`'s version (`None`: as its records say).
+    pub fn load_with(&self, candidate: Option<&Candidate>) -> Result<Config, LoadError> {
         match self {
-            Source::Flags(args) => args.single().map_err(LoadError::Flags),
-            Source::File(path, args) => file::load(path, args).map_err(LoadError::File),
-            Source::Site(dir, args) => args.site(dir).map_err(LoadError::Flags),
+            Source::Flags(args) => args.single_with(candidate).map_err(LoadError::Flags),
+            Source::File(path, args) => match candidate {
+                None => file::load(path, args),
+                Some(_) => file::load_with(path, args, candidate),
+            }
+            .map_err(LoadError::File),
+            Source::Site(dir, args) => args.site_with(dir, candidate).map_err(LoadError::Flags),
         }
     }
 

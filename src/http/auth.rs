@@ -17,8 +17,6 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 
 use super::access::{self, Named};
 use super::forwarded::origin;
@@ -191,17 +189,7 @@ impl Asker {
         service: &AuthService,
         req: Request<Empty<Bytes>>,
     ) -> Result<(http::Response<hyper::body::Incoming>, SendRequest<Empty<Bytes>>), String> {
-        let stream = TcpStream::connect((service.host.as_str(), service.port))
-            .await
-            .map_err(|e| format!("cannot connect: {e}"))?;
-        let _ = stream.set_nodelay(true);
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "auth service connection closed");
-            }
-        });
+        let mut sender = crate::client::connect(&service.host, service.port, "auth").await?;
         let answer = sender.send_request(req).await.map_err(|e| e.to_string())?;
         Ok((answer, sender))
     }

@@ -46,6 +46,7 @@ use super::head::{
 use super::reply::{error, redirect, ReplyBody};
 use super::resume::{self, Offer, Resumes};
 use super::router::Mounted;
+use super::spans;
 use crate::app::verdict::{after_exchange, Asked, Fate, Hold, Next, Outcome};
 use crate::app::{Lease, Sticky, Supervisor, Unavailable, WorkerId};
 use crate::metrics::Rejection;
@@ -66,13 +67,16 @@ const EXIT_WAIT: Duration = Duration::from_millis(300);
 /// Where `/` goes when a plumber API has no `/` route of its own.
 const DOCS_PATH: &str = "/__docs__/";
 
-/// Which worker served a request and how long it waited, for the access log.
+/// Which worker served a request and how long it waited, for the access log
+/// (and its span).
 #[derive(Default)]
 pub struct Served {
     pub worker: Option<WorkerId>,
     pub waited: Duration,
     /// Who the request came from, as a trusted proxy said.
     pub user: Option<String>,
+    /// What the request's span tells besides (its context: R's `traceparent`).
+    pub trace: spans::Traced,
 }
 
 /// What every forwarded request shares.
@@ -92,6 +96,8 @@ pub struct Forwarder {
     pub close_sessions: CancellationToken,
     /// Shiny sessions that outlive their connections.
     pub resumes: Arc<Resumes>,
+    /// Where Shiny sessions' spans go (off unless traces are on).
+    pub tracer: crate::trace::Tracer,
 }
 
 /// A worker's answer: read whole (plumber) or streamed (Shiny).
@@ -181,7 +187,14 @@ impl Forwarder {
             resumes: Arc::new(Resumes::new(bounds, sessions.clone(), close_sessions.clone())),
             sessions,
             close_sessions,
+            tracer: crate::trace::Tracer::off(),
         }
+    }
+
+    /// Records spans with `tracer` (requests' and Shiny sessions').
+    pub fn traced(mut self, tracer: crate::trace::Tracer) -> Self {
+        self.tracer = tracer;
+        self
     }
 
     /// Forwards `req` to `app`, which sees `path` (its prefix taken off).
@@ -278,6 +291,9 @@ impl Forwarder {
         if matches!(offer, Offer::New { .. }) {
             resume::plain_upgrade(&mut head.headers);
         }
+        if let Some(cx) = &served.trace.context {
+            cx.to_r(&mut head.headers);
+        }
         if cfg.is_shiny() && !websocket && !cfg.reconnect_window.is_zero() && head.method == Method::GET {
             // A page valve adds its script to must come uncompressed (Shiny gzips).
             let page =
@@ -362,10 +378,12 @@ impl Forwarder {
                     };
                     // An open WebSocket has no time limit; anything else does.
                     let limit = sup.settings.request_timeout.filter(|_| !websocket);
+                    let began = std::time::Instant::now();
                     let result = match limit {
                         Some(limit) => tokio::time::timeout(limit, exchange).await.map_err(|_| limit),
                         None => Ok(exchange.await),
                     };
+                    served.trace.in_r += began.elapsed();
                     match result {
                         Ok(Ok((parts, body))) => {
                             let reusable = !closes(&parts.headers);
@@ -409,6 +427,7 @@ impl Forwarder {
                 Next::Retry => {
                     asked.retried |= matches!(outcome, Outcome::Failed(_));
                     wanted = None;
+                    served.trace.retries += 1;
                 }
                 Next::Refuse(refusal) => {
                     sup.metrics.reject(refusal.rejection);
@@ -455,6 +474,8 @@ impl Forwarder {
                             Offer::New { restart } => {
                                 resume::speaks(&mut parts.headers);
                                 let window = app.config.reconnect_window;
+                                let parent = served.trace.context.as_ref();
+                                let span = spans::session(&self.tracer, parent, &app.config, seat.worker(), true);
                                 self.resumes.start(
                                     client,
                                     worker_upgrade,
@@ -464,6 +485,7 @@ impl Forwarder {
                                     window,
                                     restart,
                                     served.user.clone(),
+                                    span,
                                 );
                             }
                             Offer::Plain | Offer::Resume => self.splice(
@@ -473,6 +495,13 @@ impl Forwarder {
                                 seat.worker(),
                                 token,
                                 served.user.clone(),
+                                spans::session(
+                                    &self.tracer,
+                                    served.trace.context.as_ref(),
+                                    &app.config,
+                                    seat.worker(),
+                                    false,
+                                ),
                             ),
                         }
                         Response::from_parts(parts, ReplyBody::Empty)
@@ -532,7 +561,9 @@ impl Forwarder {
     }
 
     /// Copies a WebSocket's bytes both ways until either side closes or the
-    /// drain gives up; the session counts on its worker meanwhile.
+    /// drain gives up; the session counts on its worker meanwhile (and its
+    /// span, if any, lasts as long).
+    #[allow(clippy::too_many_arguments)]
     fn splice(
         &self,
         client: hyper::upgrade::OnUpgrade,
@@ -541,10 +572,16 @@ impl Forwarder {
         id: WorkerId,
         token: u64,
         user: Option<String>,
+        span: Option<crate::trace::Live>,
     ) {
         let close = self.close_sessions.clone();
         self.sessions.spawn(async move {
-            let (Ok(client), Ok(worker)) = tokio::join!(client, worker) else { return };
+            let (Ok(client), Ok(worker)) = tokio::join!(client, worker) else {
+                if let Some(span) = span {
+                    span.discard();
+                }
+                return;
+            };
             sup.session(id, true, Some(token));
             let _usage = sup.metrics.session(id, user.as_deref());
             let _user = user.map(|u| sup.signed_in(id, u));
@@ -555,6 +592,7 @@ impl Forwarder {
                 _ = close.cancelled() => {}
             }
             sup.session(id, false, None);
+            drop(span);
         });
     }
 }

@@ -3,8 +3,8 @@
 //! over `forwarded`, the client's address behind trusted proxies, and `auth`,
 //! the forward-auth service asked first when `auth_url` is set), the one forwarding loop (`forward`),
 //! static content's files (`files`), bodies held whole (`body`), what goes
-//! back to clients (`reply`), and the identity headers no client may set
-//! (`identity`).
+//! back to clients (`reply`), the identity headers no client may set
+//! (`identity`), and what requests' and Shiny sessions' spans say (`spans`).
 
 mod access;
 pub mod auth;
@@ -18,3 +18,4 @@ pub mod reply;
 pub mod resume;
 pub mod router;
 pub mod server;
+mod spans;

@@ -30,6 +30,7 @@ use super::identity::{strip_client_identity, BadIdentity, MAX_IDENTITY_BYTES};
 use super::reply::{error, redirect, ReplyBody};
 use super::resume;
 use super::router::{Mounted, Routed, Router, Table};
+use super::spans::RequestSpan;
 use crate::config::{is_admin_path, Trust};
 use crate::metrics::Rejection;
 use crate::shutdown::Shutdown;
@@ -51,6 +52,21 @@ pub trait Pages: Send + Sync {
     ) -> Pin<Box<dyn Future<Output = Response<ReplyBody>> + Send + 'a>>;
     /// `--site`'s page at `/` when no app is mounted there.
     fn listing(&self, table: &Table) -> Response<ReplyBody>;
+}
+
+/// Publishing's calls: the publishing API (`/__api__/`) and, on the admin
+/// listener, valve's pages of published apps. The admin module implements
+/// it and `lib.rs` hands it in.
+pub trait Publish: Send + Sync {
+    /// Whether `path` is publishing's; `admin`: on the admin listener.
+    fn wants(&self, path: &str, admin: bool) -> bool;
+    /// Answers a request for which `wants` holds (the whole request: an
+    /// upload's body is a bundle).
+    fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        admin: bool,
+    ) -> Pin<Box<dyn Future<Output = Response<ReplyBody>> + Send>>;
 }
 
 /// How the drain at shutdown ended.
@@ -148,6 +164,8 @@ impl Front {
         // The path only: query strings can carry secrets.
         let path = self.access_log.then(|| req.uri().path().to_owned());
         let mut served = Served::default();
+        let span = RequestSpan::begin(&self.forwarder.tracer, &req, peer);
+        served.trace.context = span.as_ref().map(RequestSpan::context);
         let target = req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/").to_owned();
         let resp = match self.named(&table.trust, &mounted, &req, &target, peer).await {
             Err(refused) => refused,
@@ -160,6 +178,9 @@ impl Front {
         let status = resp.status().as_u16();
         mounted.sup.metrics.request(&method, status, took);
         mounted.sup.metrics.user_request(served.user.as_deref());
+        if let Some(span) = span {
+            span.end(&mounted.config, status, served.worker, served.waited, &served.trace);
+        }
         if let Some(path) = path {
             tracing::info!(
                 target: "valve::access",
@@ -228,6 +249,7 @@ fn gate(
             if let Some(addrs) = req.extensions_mut().get_mut::<ClientAddrs>() {
                 addrs.remote = client;
             }
+            served.trace.client = Some(client.ip());
             served.user = who.as_ref().map(|w| w.user.clone());
             if let Some(who) = who {
                 req.extensions_mut().insert(who);
@@ -410,8 +432,53 @@ impl Reserve {
 pub const ADMIN_CONNECTIONS: usize = 64;
 
 /// Serves valve's own pages on a listener of their own (`--admin-addr`) until
-/// valve exits: it stays up through the drain so readiness can say so.
-pub fn serve_admin(listener: TcpListener, admin: Arc<dyn Pages>, limits: ClientLimits) {
+/// valve exits: it stays up through the drain so readiness can say so. With
+/// `publish`, publishing's calls too.
+pub fn serve_admin(
+    listener: TcpListener,
+    admin: Arc<dyn Pages>,
+    limits: ClientLimits,
+    publish: Option<Arc<dyn Publish>>,
+) {
+    serve_private(listener, limits, "admin", move |req| {
+        let (admin, publish) = (admin.clone(), publish.clone());
+        Box::pin(async move {
+            let path = req.uri().path();
+            match publish {
+                Some(p) if p.wants(path, true) => p.handle(req, true).await,
+                _ if is_admin_path(path) => admin.handle(req.method(), path, req.uri().query(), true).await,
+                _ => error(StatusCode::NOT_FOUND, "the admin listener serves /__valve__/ only"),
+            }
+        })
+    });
+}
+
+/// Serves the publishing API alone on an address of its own (`--publish-addr`).
+pub fn serve_publish(listener: TcpListener, publish: Arc<dyn Publish>, limits: ClientLimits) {
+    serve_private(listener, limits, "publish", move |req| {
+        let publish = publish.clone();
+        Box::pin(async move {
+            if publish.wants(req.uri().path(), false) {
+                publish.handle(req, false).await
+            } else {
+                error(StatusCode::NOT_FOUND, "this address serves valve's publishing API (/__api__/) only")
+            }
+        })
+    })
+}
+
+/// An answer on its way, from a listener of valve's own.
+type Answering = Pin<Box<dyn Future<Output = Response<ReplyBody>> + Send>>;
+
+/// Serves `answer` on `listener` until valve exits, holding at most
+/// `ADMIN_CONNECTIONS` connections at once.
+fn serve_private(
+    listener: TcpListener,
+    limits: ClientLimits,
+    name: &'static str,
+    answer: impl Fn(Request<Incoming>) -> Answering + Send + Sync + 'static,
+) {
+    let answer = Arc::new(answer);
     let http = builder(limits);
     let slots = Arc::new(tokio::sync::Semaphore::new(ADMIN_CONNECTIONS));
     tokio::spawn(async move {
@@ -419,7 +486,7 @@ pub fn serve_admin(listener: TcpListener, admin: Arc<dyn Pages>, limits: ClientL
             let stream = match listener.accept().await {
                 Ok((stream, _)) => stream,
                 Err(e) => {
-                    accept_failed(&e, "admin");
+                    accept_failed(&e, name);
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -429,18 +496,10 @@ pub fn serve_admin(listener: TcpListener, admin: Arc<dyn Pages>, limits: ClientL
                 continue;
             };
             let _ = stream.set_nodelay(true);
-            let admin = admin.clone();
+            let answer = answer.clone();
             let service = service_fn(move |req: Request<Incoming>| {
-                let admin = admin.clone();
-                async move {
-                    let path = req.uri().path();
-                    let resp = if is_admin_path(path) {
-                        admin.handle(req.method(), path, req.uri().query(), true).await
-                    } else {
-                        error(StatusCode::NOT_FOUND, "the admin listener serves /__valve__/ only")
-                    };
-                    Ok::<_, Infallible>(resp)
-                }
+                let answer = answer.clone();
+                async move { Ok::<_, Infallible>(answer(req).await) }
             });
             let conn = http.serve_connection(TokioIo::new(ClientIo::new(stream, limits.client_timeout)), service);
             tokio::spawn(async move {

@@ -19,11 +19,13 @@ mod auth;
 mod family;
 mod session;
 mod shiny;
+mod trace;
 pub use auth::{AuthCounts, AuthResult};
 pub use family::Histogram;
 use family::{header, BUCKETS, LONG_BUCKETS};
 pub use session::{SessionLength, SessionUse};
 pub use shiny::{Reconnects, SessionEnd};
+pub use trace::{SpanDrop, TraceCounts};
 
 const METHODS: [&str; 8] = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "OTHER"];
 const STATUSES: usize = 600;
@@ -439,6 +441,8 @@ pub struct Registry {
     log_dropped: std::sync::OnceLock<Box<dyn Fn() -> u64 + Send + Sync>>,
     /// The forward-auth service's answers.
     pub auth: AuthCounts,
+    /// Spans exported to the trace collector, and dropped.
+    pub trace: TraceCounts,
 }
 
 impl Registry {
@@ -622,6 +626,7 @@ impl Registry {
             self.log_dropped.get().map(|count| count()).unwrap_or(0) as f64,
         );
         self.auth.render(&mut out);
+        self.trace.render(&mut out);
         process_metrics(&mut out);
         out
     }

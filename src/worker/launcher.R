@@ -12,6 +12,11 @@
 # VALVE_MODE=plain: load the API and serve it.
 # VALVE_MODE=render: render a shiny-prerendered document once, before valve
 #   starts its workers, and exit (workers never render it themselves).
+# VALVE_MODE=packages: say which version of each package listed in the file
+#   VALVE_PACKAGES (lines `NAME VERSION`) this R finds on its library paths
+#   (with the app's environment, working directory and .Rprofile, so an renv
+#   library is seen as the app sees it), one line `valve-package NAME VERSION`
+#   each (`-` for none), then exit: a published bundle's check.
 # VALVE_MODE=preload: load the API (or the Shiny app) once, then fork a worker
 #   for each line `fork ID SOCKET FIFO TOKEN` valve writes on stdin (TOKEN: the
 #   fork's own frames token, `-` for none); exit when stdin closes.
@@ -36,6 +41,15 @@ local({
   fail <- function(status, ...) {
     cat("valve: ", ..., "\n", file = stderr(), sep = "")
     quit(save = "no", status = status)
+  }
+  if (identical(mode, "packages")) {
+    wanted <- readLines(Sys.getenv("VALVE_PACKAGES"), warn = FALSE)
+    cat("valve-r ", as.character(getRversion()), " ", paste(.libPaths(), collapse = ":"), "\n", sep = "")
+    for (name in sub(" .*", "", wanted[nzchar(wanted)])) {
+      found <- suppressWarnings(utils::packageDescription(name, fields = "Version"))
+      cat("valve-package ", name, " ", if (is.na(found)) "-" else found, "\n", sep = "")
+    }
+    quit(save = "no", status = 0)
   }
   # A Unix socket has no peer address: valve names the client in two headers
   # (X-Valve-Remote-Addr, -Port; it removes any a client sent), which become

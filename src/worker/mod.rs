@@ -19,7 +19,8 @@
 //! protocol: `link` under `conn`, `hub` over it), `conn` (a connection of
 //! either transport), `process` (the interfaces and /proc), `reap`,
 //! `spawn` (plain workers), `render` (a `shiny_prerendered` document's one
-//! render, before its workers), `fork` (`--preload`), `launcher`
+//! render, before its workers), `packages` (which versions of some packages
+//! an app's R finds: a published bundle's check), `fork` (`--preload`), `launcher`
 //! (`RLauncher`), `watch` (a serving worker's exit, stops and samples).
 
 mod conn;
@@ -27,6 +28,7 @@ mod fork;
 mod frames;
 mod launcher;
 mod output;
+pub mod packages;
 mod process;
 pub mod reap;
 mod render;

@@ -567,7 +567,7 @@ impl Drop for Plumber {
 /// workers of tests running meanwhile) can take it first; never the same
 /// port twice in one test run. Only for plain plumber, which cannot be told
 /// port 0: valve binds port 0 and prints what it got (`Valve::admin_url`).
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
     let ephemeral_low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()

@@ -23,11 +23,11 @@ use std::path::Path;
 /// none of each other. `lib` is lib.rs, which composes everything.
 const LAYERS: &[&[&str]] = &[
     &["config"],
-    &["log", "shutdown", "healthcheck", "mac"],
+    &["log", "shutdown", "healthcheck", "mac", "client"],
     &["worker"],
     &["applog", "usage"],
     &["metrics"],
-    &["app"],
+    &["app", "trace"],
     &["http"],
     &["reload"],
     &["admin"],

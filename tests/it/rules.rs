@@ -92,6 +92,17 @@ fn only_config_reads_flags_and_valve_variables() {
         file.starts_with("config/") || file == "main.rs" || file == "log.rs"
     });
     assert!(hits.is_empty(), "flags or VALVE_* settings read outside src/config/ (ARCHITECTURE.md): {hits:#?}");
+    // OpenTelemetry's variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME...)
+    // are settings too: config::otel reads them; nothing else names one.
+    let otel = find(&sources(), &["\"OTEL_", "var(\"OTEL", "var_os(\"OTEL"], |file| file.starts_with("config/"));
+    assert!(otel.is_empty(), "OTEL_* variables read outside src/config/ (ARCHITECTURE.md): {otel:#?}");
+    let config: Vec<_> = sources().into_iter().filter(|(f, _)| f.starts_with("config/")).collect();
+    for name in ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SERVICE_NAME"] {
+        assert!(
+            !find(&config, &[&format!("\"{name}\"")], |_| false).is_empty(),
+            "config reads {name}, as ARCHITECTURE.md says"
+        );
+    }
 }
 
 #[test]

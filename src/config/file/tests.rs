@@ -391,3 +391,19 @@ fn log_buffer_and_usage_settings_from_the_file_and_flags() {
     assert!(text.contains(":1:13: usage_log = ") && text.contains("nowhere does not exist"), "{text}");
     assert!(text.contains(":2:14: log_buffer = \"lots\": not a size"), "{text}");
 }
+
+#[test]
+fn otlp_endpoint_comes_from_the_file_unless_the_flag_is_given_and_is_checked_with_its_line() {
+    let (_d, path) = site_with("otlp_endpoint = \"http://collector:4318\"\n\n[[app]]\nfile = \"sales/plumber.R\"\n");
+    let otlp = load(&path, &args(&[])).unwrap().server.otlp.unwrap();
+    assert_eq!((otlp.host.as_str(), otlp.port, otlp.path.as_str()), ("collector", 4318, "/v1/traces"));
+    let mut given = args(&["--otlp-endpoint", "off"]);
+    given.explicit.insert("otlp_endpoint".into());
+    assert_eq!(load(&path, &given).unwrap().server.otlp, None, "an explicit flag beats the file");
+    let (_d, path) = site_with("[[app]]\nfile = \"sales/plumber.R\"\n");
+    let flagged = load(&path, &args(&["--otlp-endpoint", "http://c:9/x"])).unwrap().server.otlp.unwrap();
+    assert_eq!((flagged.port, flagged.path.as_str()), (9, "/x"), "no key: the flag's value");
+    let (_d, bad) = site_with("otlp_endpoint = \"https://c\"\n\n[[app]]\nfile = \"sales/plumber.R\"\n");
+    let text = load(&bad, &args(&[])).unwrap_err().to_string();
+    assert!(text.contains(":1:") && text.contains("otlp_endpoint \"https://c\"") && text.contains("TLS"), "{text}");
+}

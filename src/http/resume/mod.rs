@@ -146,7 +146,8 @@ impl Resumes {
     }
 
     /// A new session: once both upgrades complete, its task runs until the
-    /// session ends, counting on its worker all that time.
+    /// session ends, counting on its worker all that time (and its span,
+    /// if any, lasts as long).
     #[allow(clippy::too_many_arguments)]
     pub fn start(
         self: &Arc<Self>,
@@ -158,10 +159,16 @@ impl Resumes {
         window: Duration,
         restart: bool,
         user: Option<String>,
+        span: Option<crate::trace::Live>,
     ) {
         let resumes = self.clone();
         self.tasks.spawn(async move {
-            let (Ok(client), Ok(worker)) = tokio::join!(client, worker) else { return };
+            let (Ok(client), Ok(worker)) = tokio::join!(client, worker) else {
+                if let Some(span) = span {
+                    span.discard();
+                }
+                return;
+            };
             let usage = sup.metrics.session(id, user.as_deref());
             let _user = user.map(|u| sup.signed_in(id, u));
             let client = socket(client, Role::Server, BROWSER_MESSAGE).await;
@@ -183,6 +190,7 @@ impl Resumes {
                 close: resumes.close.clone(),
                 drain: resumes.drain.clone(),
                 usage,
+                span,
             };
             session.run(worker, client, &token, attached).await;
             resumes.table().remove(&sid);

@@ -19,6 +19,7 @@ use tokio_tungstenite::WebSocketStream;
 use super::bound::Held;
 use super::wire::{self, Arrival, FromBrowser, Inbox, Outbox, Payload};
 use crate::app::Supervisor;
+use crate::http::spans;
 use crate::metrics::{SessionEnd, SessionUse};
 use crate::worker::WorkerId;
 
@@ -61,6 +62,8 @@ pub struct Session {
     pub drain: tokio_util::sync::CancellationToken,
     /// The session's length and reconnects, for metrics and the usage list (counted when the session ends).
     pub usage: SessionUse,
+    /// The session's span, when traces are on: its resumes and how it ended.
+    pub span: Option<crate::trace::Live>,
 }
 
 /// How the loop ended, and what the browser is told.
@@ -85,7 +88,7 @@ pub async fn close_with(mut ws: Ws, code: u16, reason: &'static str) {
 }
 
 impl Session {
-    pub async fn run(self, mut worker: Ws, first: Ws, token: &str, mut attached: mpsc::Receiver<Attach>) {
+    pub async fn run(mut self, mut worker: Ws, first: Ws, token: &str, mut attached: mpsc::Receiver<Attach>) {
         let app = self.sup.settings.name.clone();
         let metrics = self.sup.metrics.clone();
         let bound = self.held.bounds.session;
@@ -249,6 +252,9 @@ impl Session {
                         let was_away = away.take().map(|t| t.elapsed()).unwrap_or_default();
                         metrics.reconnects.resumed(was_away);
                         self.usage.reconnected();
+                        if let Some(span) = &mut self.span {
+                            spans::resumed(span, was_away);
+                        }
                         tracing::debug!(app = %app, session = %self.sid, away_s = was_away.as_secs_f64(), "a browser came back to its Shiny session");
                     }
                 }
@@ -295,6 +301,9 @@ impl Session {
         let held = out.bytes();
         self.release(held);
         metrics.reconnects.ended(why, away.map(|t| t.elapsed()));
+        if let Some(span) = &mut self.span {
+            spans::ended(span, why.as_str());
+        }
         tracing::debug!(app = %app, session = %self.sid, worker = self.worker_id, reason = why.as_str(), "Shiny session ended");
     }
 

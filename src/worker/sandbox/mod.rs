@@ -41,11 +41,17 @@ pub struct Site {
 
 impl Site {
     pub fn of(config: &Config) -> Site {
+        let mut private: Vec<PathBuf> = config.server.private_paths.iter().map(|p| absolute(p)).collect();
+        if let Some(p) = &config.server.publish {
+            // Published apps' folders are hidden as apps' folders; the keys and records too.
+            private.push(absolute(&p.dir));
+            private.push(absolute(&p.keys_file));
+        }
         Site {
             isolation: config.server.isolation,
-            state_dir: config.server.state_dir.clone(),
-            private: config.server.private_paths.clone(),
-            folders: config.apps.iter().map(|a| (a.name.clone(), a.folder())).collect(),
+            state_dir: absolute(&config.server.state_dir),
+            private,
+            folders: config.apps.iter().map(|a| (a.name.clone(), absolute(&a.folder()))).collect(),
         }
     }
 }
@@ -78,6 +84,7 @@ impl Sandbox {
     /// Decides the sandbox of `app`'s workers and makes its private folders.
     /// `env` is the environment workers inherit (R's library paths in it stay visible).
     pub fn for_app(app: &AppConfig, site: &Site, run_dir: &Path) -> io::Result<Sandbox> {
+        let workdir = absolute(&app.source.workdir());
         let account = app.account.clone();
         let switch = account.isolated();
         let run = dirs::app_run_dir(run_dir, &app.name, switch.then_some(&account))?;
@@ -90,7 +97,7 @@ impl Sandbox {
                 run,
                 view: None,
                 memory_limit: app.memory_limit,
-                workdir: app.source.workdir(),
+                workdir,
             });
         }
         let tmp = dirs::private_tmp(run_dir, &app.name, &account)?;
@@ -99,7 +106,7 @@ impl Sandbox {
             None => dirs::private_home(&site.state_dir, &app.name, &account)?,
         };
         let view = (site.isolation == Isolation::View).then(|| {
-            let own = app.folder();
+            let own = absolute(&app.folder());
             let mut hide: Vec<PathBuf> = site
                 .folders
                 .iter()
@@ -127,7 +134,7 @@ impl Sandbox {
             run,
             view,
             memory_limit: app.memory_limit,
-            workdir: app.source.workdir(),
+            workdir,
         })
     }
 
@@ -195,6 +202,11 @@ impl Sandbox {
     pub fn owner(&self) -> Option<(u32, u32)> {
         self.switch.then_some((self.account.uid, self.account.gid))
     }
+}
+
+/// `p` from the root: mounts and the worker's working directory need whole paths.
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
 /// R's library folders and the R binary's folder: the app needs them

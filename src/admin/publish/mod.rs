@@ -1,0 +1,65 @@
+//! Publishing: R users publish apps to valve the way hosted R taught them,
+//! `rsconnect::deployApp()` (RStudio's Publish button) or the R package's
+//! `valve_deploy()`. The API lives on the admin listener (and, if asked,
+//! on an address of its own), under `/__api__/`, behind API keys; the admin
+//! listener alone also has valve's own `/__valve__/published/` pages (versions,
+//! activate, access) that the `valve` subcommands use.
+//!
+//! Its rooms, from the bottom: `unpack` (a bundle unpacked safely), `store`
+//! (writes to `publish_dir`), `tasks` (the deployment logs clients follow),
+//! `wire` (bodies and JSON answers), `publisher` (the state: settings, keys,
+//! locks, the summary behind the status page and metrics), `deploy` (a
+//! deployment, which is a reload), `api` (the HTTP calls clients make, both
+//! the ones rsconnect 0.8 makes and the `v1` ones of rsconnect 1.x),
+//! `pages` (valve's own pages of published apps), and apart `cli` (the
+//! subcommands' client).
+
+mod api;
+pub mod cli;
+mod deploy;
+mod pages;
+mod publisher;
+mod store;
+mod tasks;
+mod unpack;
+mod wire;
+
+use std::sync::Arc;
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+
+use publisher::PAGES;
+pub use publisher::{Publisher, Summary};
+
+use crate::http::reply::{error, ReplyBody};
+
+impl Publisher {
+    /// Whether a path is publishing's: the API, or (on the admin listener)
+    /// valve's own pages of published apps.
+    pub fn wants(path: &str, admin: bool) -> bool {
+        path == "/__api__" || path.starts_with("/__api__/") || (admin && path.starts_with(PAGES))
+    }
+
+    /// Answers a request for which `wants` holds. `admin`: it came to the
+    /// admin listener (not `publish_addr`).
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>, admin: bool) -> Response<ReplyBody> {
+        let path = req.uri().path().to_string();
+        if admin && path.starts_with(PAGES) {
+            return pages::handle(&self, req).await;
+        }
+        let method = req.method().clone();
+        let Some((key, account)) = self.key_of(req.headers()) else {
+            tracing::info!(target: "valve::publish", key = "-", method = %method, path = %path, status = 401,
+                "publishing call refused: no key or an unknown key");
+            return error(
+                StatusCode::UNAUTHORIZED,
+                "publishing needs an API key valve knows: send `Authorization: Key KEY` (rsconnect::connectApiUser(apiKey = KEY)); keys are made with `valve publish-key NAME`",
+            );
+        };
+        let resp = api::handle(&self, req, &key, account).await;
+        tracing::info!(target: "valve::publish", key = %key, method = %method, path = %path,
+            status = resp.status().as_u16(), "publishing call");
+        resp
+    }
+}

@@ -1,0 +1,238 @@
+//! The publisher's state: its settings, the keys (read again when their
+//! file changes), the tasks, the locks that keep one record writer and one
+//! deployment at a time, and a summary of the published apps for the status
+//! page and metrics; `publish_dir` holds the rest.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use http::HeaderMap;
+
+use super::store;
+use super::tasks::Tasks;
+use crate::config::publish::{read_keys, PublishKeys, Publishing};
+use crate::reload::Reloader;
+
+/// Where valve's own pages of published apps live (admin listener only).
+pub const PAGES: &str = "/__valve__/published/";
+
+/// The publishing API and what it keeps in memory (tasks, a summary of the
+/// published apps for the status page and metrics); `publish_dir` holds the rest.
+pub struct Publisher {
+    pub(super) settings: Publishing,
+    pub(super) keys: Mutex<(Option<SystemTime>, PublishKeys)>,
+    pub(super) tasks: Tasks,
+    pub(super) reloader: Arc<Reloader>,
+    /// The apps' base URL, for what clients print.
+    pub(super) base_url: String,
+    /// One read-modify-write of records at a time.
+    pub(super) records: Mutex<()>,
+    /// One deployment at a time.
+    pub(super) deploying: tokio::sync::Mutex<()>,
+    /// Each published app's active version, when and by which key.
+    pub(super) summary: Mutex<BTreeMap<String, Summary>>,
+    /// Deployments by app and outcome (true: switched).
+    pub(super) deployments: Mutex<BTreeMap<(String, bool), u64>>,
+}
+
+/// What the status page and metrics say of a published app.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Summary {
+    pub version: Option<u32>,
+    pub versions: Vec<u32>,
+    pub activated: Option<u64>,
+    pub activated_by: Option<String>,
+}
+
+impl Publisher {
+    /// `addr` is the main listener's: where the published apps are served.
+    pub fn new(settings: Publishing, reloader: Arc<Reloader>, addr: SocketAddr) -> Arc<Publisher> {
+        let modified = std::fs::metadata(&settings.keys_file).and_then(|m| m.modified()).ok();
+        // The configuration's load checked the file; should it have changed since, it is read again at the first call.
+        let keys = read_keys(&settings.keys_file).unwrap_or_default();
+        let p = Arc::new(Publisher {
+            settings,
+            keys: Mutex::new((modified, keys)),
+            tasks: Tasks::default(),
+            reloader,
+            base_url: crate::http::server::display_addr(addr),
+            records: Mutex::new(()),
+            deploying: tokio::sync::Mutex::new(()),
+            summary: Mutex::new(BTreeMap::new()),
+            deployments: Mutex::new(BTreeMap::new()),
+        });
+        p.refresh();
+        p
+    }
+
+    /// The key's name and number from `Authorization: Key KEY`, reading the
+    /// keys file again if it changed.
+    pub(super) fn key_of(&self, headers: &HeaderMap) -> Option<(String, usize)> {
+        let presented = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+        let (scheme, key) = presented.trim().split_once(' ')?;
+        if !scheme.eq_ignore_ascii_case("key") {
+            return None;
+        }
+        let key = key.trim();
+        let mut cached = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let modified = std::fs::metadata(&self.settings.keys_file).and_then(|m| m.modified()).ok();
+        if modified.is_some() && modified != cached.0 {
+            match read_keys(&self.settings.keys_file) {
+                Ok(keys) => {
+                    tracing::info!(target: "valve::publish", keys = keys.len(), "publish_keys_file read again");
+                    *cached = (modified, keys);
+                }
+                Err(e) => tracing::warn!(target: "valve::publish", error = %e,
+                    "publish_keys_file changed but has problems: the keys read before stay"),
+            }
+        }
+        let name = cached.1.name_of(key)?.to_string();
+        let number = cached.1.names().position(|n| n == name).map_or(0, |i| i + 1);
+        Some((name, number))
+    }
+
+    /// Runs `f` on the settings with the records lock held.
+    pub(super) fn locked<T>(&self, f: impl FnOnce(&Publishing) -> T) -> T {
+        let _one = self.records.lock().unwrap_or_else(|p| p.into_inner());
+        f(&self.settings)
+    }
+
+    /// The URL of published app `name`.
+    pub(super) fn app_url(&self, name: &str) -> String {
+        format!("{}/{name}/", self.base_url)
+    }
+
+    pub(super) fn counted(&self, app: &str, switched: bool) {
+        *self.deployments.lock().unwrap_or_else(|p| p.into_inner()).entry((app.to_string(), switched)).or_default() +=
+            1;
+    }
+
+    /// Reads the records again for the status page and metrics.
+    pub(super) fn refresh(&self) {
+        let records = match self.locked(store::all) {
+            Ok(r) => r,
+            Err(f) => {
+                tracing::warn!(target: "valve::publish", error = %f.message, "cannot read the published apps' records");
+                return;
+            }
+        };
+        let summary = records
+            .iter()
+            .map(|r| {
+                let current = r.current();
+                (
+                    r.name.clone(),
+                    Summary {
+                        version: r.active,
+                        versions: r.versions.iter().map(|v| v.version).collect(),
+                        activated: current.and_then(|v| v.activated),
+                        activated_by: current.and_then(|v| v.activated_by.clone()),
+                    },
+                )
+            })
+            .collect();
+        *self.summary.lock().unwrap_or_else(|p| p.into_inner()) = summary;
+    }
+
+    /// What the status page says of app `name`, if it is a published one.
+    pub fn status_of(&self, name: &str) -> Option<serde_json::Value> {
+        let s = self.summary.lock().unwrap_or_else(|p| p.into_inner()).get(name).cloned()?;
+        Some(serde_json::json!({
+            "version": s.version,
+            "versions": s.versions,
+            "activated": s.activated.map(store::rfc3339),
+            "activated_by": s.activated_by,
+        }))
+    }
+
+    /// The published apps' metrics, in Prometheus' text format.
+    pub fn metrics(&self) -> String {
+        metrics(
+            &self.summary.lock().unwrap_or_else(|p| p.into_inner()),
+            &self.deployments.lock().unwrap_or_else(|p| p.into_inner()),
+        )
+    }
+}
+
+/// The published apps' metrics, in Prometheus' text format.
+fn metrics(summary: &BTreeMap<String, Summary>, deployments: &BTreeMap<(String, bool), u64>) -> String {
+    let mut out = String::new();
+    let head = |out: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    };
+    head(&mut out, "valve_published_version", "gauge", "The version each published app serves (0: none yet).");
+    for (app, s) in summary {
+        let _ = writeln!(out, "valve_published_version{{app=\"{app}\"}} {}", s.version.unwrap_or(0));
+    }
+    head(
+        &mut out,
+        "valve_published_activated_timestamp_seconds",
+        "gauge",
+        "When each published app's version became the one it serves (Unix time).",
+    );
+    for (app, s) in summary.iter().filter(|(_, s)| s.activated.is_some()) {
+        let _ =
+            writeln!(out, "valve_published_activated_timestamp_seconds{{app=\"{app}\"}} {}", s.activated.unwrap_or(0));
+    }
+    head(
+        &mut out,
+        "valve_published_info",
+        "gauge",
+        "The version each published app serves and the key that made it so (always 1).",
+    );
+    for (app, s) in summary.iter().filter(|(_, s)| s.version.is_some()) {
+        let _ = writeln!(
+            out,
+            "valve_published_info{{app=\"{app}\",version=\"{}\",key=\"{}\"}} 1",
+            s.version.unwrap_or(0),
+            s.activated_by.as_deref().unwrap_or("")
+        );
+    }
+    head(&mut out, "valve_publish_deployments_total", "counter", "Deployments by app and result (switched or failed).");
+    for ((app, ok), n) in deployments {
+        let _ = writeln!(
+            out,
+            "valve_publish_deployments_total{{app=\"{app}\",result=\"{}\"}} {n}",
+            if *ok { "switched" } else { "failed" }
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_name_the_version_and_the_key() {
+        let mut summary = BTreeMap::new();
+        summary.insert(
+            "api".to_string(),
+            Summary {
+                version: Some(3),
+                versions: vec![2, 3],
+                activated: Some(1_700_000_000),
+                activated_by: Some("ci".into()),
+            },
+        );
+        summary.insert("new".to_string(), Summary::default());
+        let mut deployments = BTreeMap::new();
+        deployments.insert(("api".to_string(), true), 3);
+        deployments.insert(("api".to_string(), false), 1);
+        let text = metrics(&summary, &deployments);
+        for line in [
+            "valve_published_version{app=\"api\"} 3",
+            "valve_published_version{app=\"new\"} 0",
+            "valve_published_activated_timestamp_seconds{app=\"api\"} 1700000000",
+            "valve_published_info{app=\"api\",version=\"3\",key=\"ci\"} 1",
+            "valve_publish_deployments_total{app=\"api\",result=\"switched\"} 3",
+            "valve_publish_deployments_total{app=\"api\",result=\"failed\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+        assert!(prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).is_ok());
+    }
+}

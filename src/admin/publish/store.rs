@@ -1,0 +1,371 @@
+//! The publishing API's writes to `publish_dir`: apps created, bundles
+//! uploaded (unpacked safely into the next version's folder), the active
+//! version and the allow lists changed, old versions removed. Callers hold
+//! the publisher's records lock around each read-modify-write; the record
+//! itself is written whole (`config::publish::write_record`).
+
+use std::path::{Path, PathBuf};
+
+use http::StatusCode;
+
+use super::unpack::{self, Limits};
+use crate::config::publish::{
+    app_dir, bundle_source, read_record, read_records, version_dir, write_record, AppRecord, Publishing, VersionRecord,
+};
+use crate::config::valid_name;
+
+/// Why a call could not be done: the HTTP status and what to tell the client.
+#[derive(Debug)]
+pub struct Fail {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl Fail {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Fail {
+        Fail { status, message: message.into() }
+    }
+
+    pub fn io(what: &str, e: std::io::Error) -> Fail {
+        Fail::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{what}: {e} (check publish_dir's permissions and free space)"),
+        )
+    }
+}
+
+/// Unix seconds now.
+pub fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// `secs` as an RFC 3339 time in UTC (`2026-11-26T13:20:00Z`).
+pub fn rfc3339(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's days-to-civil.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// A new random id in the usual 8-4-4-4-12 shape.
+fn guid() -> String {
+    let mut b = [0u8; 16];
+    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
+    let h = crate::mac::hex(&b);
+    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+}
+
+/// Whether `name` can be a published app's name (and its path, `/<name>/`).
+pub fn publishable_name(name: &str) -> bool {
+    valid_name(name) && name.len() <= 64 && !name.starts_with('.') && !name.starts_with("__")
+}
+
+/// Every record.
+pub fn all(p: &Publishing) -> Result<Vec<AppRecord>, Fail> {
+    read_records(&p.dir).map_err(|e| Fail::new(StatusCode::INTERNAL_SERVER_ERROR, e))
+}
+
+/// The record of app `name`, or 404.
+pub fn by_name(p: &Publishing, name: &str) -> Result<AppRecord, Fail> {
+    if !publishable_name(name) {
+        return Err(Fail::new(StatusCode::NOT_FOUND, format!("no published app is named {name:?}")));
+    }
+    read_record(&app_dir(&p.dir, name))
+        .map_err(|e| Fail::new(StatusCode::INTERNAL_SERVER_ERROR, e))?
+        .ok_or_else(|| Fail::new(StatusCode::NOT_FOUND, format!("no published app is named {name:?}")))
+}
+
+/// The record whose id (a number) or guid is `id`, or 404.
+pub fn by_id(p: &Publishing, id: &str) -> Result<AppRecord, Fail> {
+    all(p)?
+        .into_iter()
+        .find(|r| r.id.to_string() == id || r.guid == id)
+        .ok_or_else(|| Fail::new(StatusCode::NOT_FOUND, format!("no published app has the id {id:?}")))
+}
+
+/// Creates app `name` (no version yet). `taken` says whether a configured
+/// app already has the name or its path.
+pub fn create(
+    p: &Publishing,
+    name: &str,
+    title: &str,
+    key: &str,
+    taken: impl Fn(&str) -> Option<String>,
+) -> Result<AppRecord, Fail> {
+    if !publishable_name(name) {
+        return Err(Fail::new(
+            StatusCode::BAD_REQUEST,
+            format!("{name:?} cannot be a published app's name: use 1 to 64 letters, digits, `-`, `_` or `.` (it becomes the path /{name}/)"),
+        ));
+    }
+    if let Some(app) = taken(name) {
+        return Err(Fail::new(
+            StatusCode::CONFLICT,
+            format!("the name {name:?} (and the path /{name}/) belongs to the app `{app}` in valve's configuration: publish under another name (deployApp(appName = ...))"),
+        ));
+    }
+    let records = all(p)?;
+    if records.iter().any(|r| r.name == name) {
+        return Err(Fail::new(
+            StatusCode::CONFLICT,
+            format!("an app named {name:?} is already published: deploy to it"),
+        ));
+    }
+    let dir = app_dir(&p.dir, name);
+    std::fs::create_dir(&dir).map_err(|e| Fail::io(&format!("cannot create {}", dir.display()), e))?;
+    let record = AppRecord {
+        id: records.iter().map(|r| r.id).max().unwrap_or(0) + 1,
+        guid: guid(),
+        name: name.to_string(),
+        title: title.to_string(),
+        created: now(),
+        created_by: key.to_string(),
+        next_version: 1,
+        ..AppRecord::default()
+    };
+    write_record(&dir, &record).map_err(|e| Fail::io("cannot write the app's record", e))?;
+    Ok(record)
+}
+
+/// Takes the next version number of app `name` (it is never given twice,
+/// even if its upload then fails).
+pub fn next_version(p: &Publishing, name: &str) -> Result<u32, Fail> {
+    let mut record = by_name(p, name)?;
+    let n = record.next_version.max(1);
+    record.next_version = n + 1;
+    write_record(&app_dir(&p.dir, name), &record).map_err(|e| Fail::io("cannot write the app's record", e))?;
+    Ok(n)
+}
+
+/// Unpacks `tarball` as version `n` of app `name` (into a hidden folder,
+/// renamed once checked), reads its manifest and checks its kind. Nothing
+/// is left of a refused bundle.
+pub fn unpack_version(p: &Publishing, name: &str, n: u32, tarball: &Path, key: &str) -> Result<VersionRecord, Fail> {
+    let dir = app_dir(&p.dir, name);
+    let partial = dir.join(format!(".v{n}.partial"));
+    let _ = std::fs::remove_dir_all(&partial);
+    let refused = |why: String| Fail::new(StatusCode::BAD_REQUEST, format!("the bundle was refused: {why}"));
+    let limits = Limits { max_bytes: p.max_size, max_files: p.max_files };
+    let unpacked = unpack::unpack(tarball, &partial, limits).map_err(|e| refused(e.to_string()))?;
+    let checked = manifest(&partial).and_then(|(appmode, packages)| {
+        let source = bundle_source(&partial, &appmode)?;
+        Ok((appmode, packages, source.kind().to_string()))
+    });
+    let (appmode, packages, kind) = match checked {
+        Ok(c) => c,
+        Err(why) => {
+            let _ = std::fs::remove_dir_all(&partial);
+            return Err(refused(why));
+        }
+    };
+    let to = version_dir(&dir, n);
+    if let Err(e) = std::fs::rename(&partial, &to) {
+        let _ = std::fs::remove_dir_all(&partial);
+        return Err(Fail::io(&format!("cannot move the bundle into {}", to.display()), e));
+    }
+    Ok(VersionRecord {
+        version: n,
+        uploaded: now(),
+        uploaded_by: key.to_string(),
+        appmode,
+        kind,
+        files: unpacked.files,
+        bytes: unpacked.bytes,
+        packages,
+        activated: None,
+        activated_by: None,
+    })
+}
+
+/// Adds a version to app `name`'s record.
+pub fn add_version(p: &Publishing, name: &str, version: VersionRecord) -> Result<(), Fail> {
+    let mut record = by_name(p, name)?;
+    record.versions.retain(|v| v.version != version.version);
+    record.versions.push(version);
+    record.versions.sort_by_key(|v| v.version);
+    write_record(&app_dir(&p.dir, name), &record).map_err(|e| Fail::io("cannot write the app's record", e))
+}
+
+/// A bundle's manifest: its appmode and its packages (name, version).
+fn manifest(dir: &Path) -> Result<(String, Vec<(String, String)>), String> {
+    let path = dir.join("manifest.json");
+    let text = std::fs::read_to_string(&path).map_err(|_| {
+        "it holds no manifest.json at its top: publish with rsconnect::deployApp() or valve::valve_deploy(), which write one (or rsconnect::writeManifest())".to_string()
+    })?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("its manifest.json is not JSON ({e})"))?;
+    let appmode = json["metadata"]["appmode"]
+        .as_str()
+        .ok_or("its manifest.json has no metadata.appmode (api, shiny, rmd-shiny, static...)")?
+        .to_string();
+    let mut packages: Vec<(String, String)> = json["packages"]
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .map(|(name, p)| {
+                    let version = p["description"]["Version"].as_str().or(p["Version"].as_str()).unwrap_or("");
+                    (name.clone(), version.to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    packages.sort();
+    Ok((appmode, packages))
+}
+
+/// Makes version `n` app `name`'s active one, by `key`; returns the
+/// previous active version.
+pub fn activate(p: &Publishing, name: &str, n: Option<u32>, key: &str) -> Result<Option<u32>, Fail> {
+    let mut record = by_name(p, name)?;
+    let previous = record.active;
+    record.active = n;
+    if let Some(v) = n.and_then(|n| record.version_mut(n)) {
+        v.activated = Some(now());
+        v.activated_by = Some(key.to_string());
+    }
+    write_record(&app_dir(&p.dir, name), &record).map_err(|e| Fail::io("cannot write the app's record", e))?;
+    Ok(previous)
+}
+
+/// Sets app `name`'s allow lists (`None`: that list is not set).
+pub fn set_access(
+    p: &Publishing,
+    name: &str,
+    users: Option<Vec<String>>,
+    groups: Option<Vec<String>>,
+) -> Result<AppRecord, Fail> {
+    let mut record = by_name(p, name)?;
+    record.allow_users = users;
+    record.allow_groups = groups;
+    write_record(&app_dir(&p.dir, name), &record).map_err(|e| Fail::io("cannot write the app's record", e))?;
+    Ok(record)
+}
+
+/// Removes app `name`'s oldest versions beyond `keep` (never the active
+/// one); returns the versions removed.
+pub fn prune(p: &Publishing, name: &str) -> Result<Vec<u32>, Fail> {
+    let mut record = by_name(p, name)?;
+    let dir = app_dir(&p.dir, name);
+    let mut removed = Vec::new();
+    while record.versions.len() > p.keep {
+        let Some(i) = record.versions.iter().position(|v| Some(v.version) != record.active) else { break };
+        let old = record.versions.remove(i);
+        let folder: PathBuf = version_dir(&dir, old.version);
+        if let Err(e) = std::fs::remove_dir_all(&folder) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(folder = %folder.display(), error = %e, "cannot remove an old published version");
+            }
+        }
+        removed.push(old.version);
+    }
+    if !removed.is_empty() {
+        write_record(&dir, &record).map_err(|e| Fail::io("cannot write the app's record", e))?;
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::publish::VersionRule;
+
+    fn settings(dir: &Path) -> Publishing {
+        Publishing {
+            dir: dir.to_path_buf(),
+            keys_file: dir.join("keys"),
+            addr: None,
+            keep: 2,
+            versions: VersionRule::Exact,
+            max_size: 1 << 20,
+            max_files: 100,
+        }
+    }
+
+    fn bundle(files: &[(&str, &str)]) -> tempfile::NamedTempFile {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let gz = flate2::write::GzEncoder::new(file.reopen().unwrap(), flate2::Compression::fast());
+        let mut b = tar::Builder::new(gz);
+        for (path, text) in files {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(text.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, path, text.as_bytes()).unwrap();
+        }
+        b.into_inner().unwrap().finish().unwrap();
+        file
+    }
+
+    const MANIFEST: &str = r#"{"metadata": {"appmode": "api"},
+        "packages": {"plumber": {"Source": "CRAN", "description": {"Package": "plumber", "Version": "1.2.1"}}}}"#;
+
+    #[test]
+    fn versions_are_numbered_unpacked_activated_and_pruned() {
+        let d = tempfile::tempdir().unwrap();
+        let p = settings(d.path());
+        let free = |_: &str| None;
+        let app = create(&p, "sales", "Sales", "alice", free).unwrap();
+        assert_eq!((app.id, app.active, app.guid.len()), (1, None, 36));
+        let e = create(&p, "sales", "", "bob", free).unwrap_err();
+        assert_eq!(e.status, StatusCode::CONFLICT);
+        let e = create(&p, "docs", "", "bob", |_| Some("docs".into())).unwrap_err();
+        assert!(e.message.contains("belongs to the app `docs` in valve's configuration"), "{}", e.message);
+        assert_eq!(create(&p, "../x", "", "bob", free).unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert_eq!(create(&p, "hr", "", "bob", free).unwrap().id, 2);
+
+        for round in 1..=3 {
+            let n = next_version(&p, "sales").unwrap();
+            assert_eq!(n, round);
+            let b = bundle(&[("manifest.json", MANIFEST), ("plumber.R", "#* @get /\nfunction() 1\n")]);
+            let v = unpack_version(&p, "sales", n, b.path(), "alice").unwrap();
+            assert_eq!((v.appmode.as_str(), v.kind.as_str(), v.files), ("api", "plumber-dir", 2));
+            assert_eq!(v.packages, [("plumber".to_string(), "1.2.1".to_string())]);
+            add_version(&p, "sales", v).unwrap();
+            activate(&p, "sales", Some(n), "alice").unwrap();
+        }
+        assert_eq!(activate(&p, "sales", Some(1), "bob").unwrap(), Some(3), "the previous active version");
+        assert_eq!(prune(&p, "sales").unwrap(), [2], "the oldest one that is not active");
+        let r = by_name(&p, "sales").unwrap();
+        assert_eq!(r.versions.iter().map(|v| v.version).collect::<Vec<_>>(), [1, 3]);
+        assert_eq!(r.current().and_then(|v| v.activated_by.as_deref()), Some("bob"));
+        assert!(!version_dir(&app_dir(d.path(), "sales"), 2).exists());
+        assert_eq!(by_id(&p, "1").unwrap().name, "sales");
+        assert_eq!(by_id(&p, &r.guid).unwrap().name, "sales");
+        assert_eq!(by_id(&p, "9").unwrap_err().status, StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn a_refused_bundle_leaves_nothing_and_says_why() {
+        let d = tempfile::tempdir().unwrap();
+        let p = settings(d.path());
+        create(&p, "api", "", "alice", |_| None).unwrap();
+        for (files, why) in [
+            (vec![("plumber.R", "1")], "no manifest.json"),
+            (vec![("manifest.json", r#"{"metadata": {"appmode": "shiny"}}"#), ("plumber.R", "1")], "app.R or server.R"),
+            (vec![("manifest.json", "{")], "not JSON"),
+        ] {
+            let n = next_version(&p, "api").unwrap();
+            let e = unpack_version(&p, "api", n, bundle(&files).path(), "alice").unwrap_err();
+            assert!(e.message.starts_with("the bundle was refused: ") && e.message.contains(why), "{}", e.message);
+            let left: Vec<_> =
+                std::fs::read_dir(app_dir(d.path(), "api")).unwrap().flatten().map(|e| e.file_name()).collect();
+            assert_eq!(left, ["app.json"], "{why}");
+        }
+    }
+
+    #[test]
+    fn times_are_rfc3339() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_795_000_000), "2026-11-18T11:06:40Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+    }
+}
