@@ -29,9 +29,6 @@ fail() {
   exit 1
 }
 
-# Outside /tmp unless TMPDIR says otherwise: valve as root finds out whether it
-# may give apps a private view by running its own binary with an empty /tmp
-# over the real one, so from a library under /tmp it would not give one.
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/valve-r-tests.XXXXXX") || fail "cannot create a temporary directory"
 trap 'rm -rf "$work"' EXIT INT TERM
 # Passable by every user, as a site library is (mktemp makes it 0700): as root,

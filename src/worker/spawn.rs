@@ -279,6 +279,12 @@ impl Spec {
                         let _ = rustix::io::write(write, &(step as u32).to_le_bytes());
                         return Err(error);
                     }
+                    // Becoming the app's user cleared the death signal (the
+                    // kernel does on every change of credentials): again.
+                    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+                    if rustix::process::getppid().map(Pid::as_raw_nonzero).map(|p| p.get() as u32) != Some(parent) {
+                        return Err(io::Error::other("valve exited while the worker started"));
+                    }
                 }
                 Ok(())
             });
