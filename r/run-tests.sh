@@ -29,8 +29,12 @@ fail() {
   exit 1
 }
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/valve-r-tests.XXXXXX") || fail "cannot create a temporary directory"
+work=$(mktemp -d "${TMPDIR:-/var/tmp}/valve-r-tests.XXXXXX") || fail "cannot create a temporary directory"
 trap 'rm -rf "$work"' EXIT INT TERM
+# Passable by every user, as a site library is (mktemp makes it 0700): as root,
+# valve gives each app a user of its own, which must reach the package's example
+# apps, and valve's binary in the library below must be reachable as well.
+chmod 0755 "$work"
 lib="$work/lib"
 mkdir -p "$lib" "$work/src" "$work/build" "$work/home"
 

@@ -54,7 +54,7 @@ use crate::http::router::Router;
 use crate::http::server::{ClientLimits, Drained, Front, FrontOptions};
 use crate::metrics::Registry;
 pub use crate::reload::RunError;
-use crate::reload::{Apps, Reloader};
+use crate::reload::{Apps, Reloader, Starters};
 use crate::shutdown::Shutdown;
 
 /// How often the start-up reports progress while the first workers load.
@@ -159,9 +159,7 @@ pub async fn run(
         router.clone(),
         fleet.clone(),
         registry.clone(),
-        run_dir.clone(),
-        frames,
-        zygotes,
+        Starters { run_dir: run_dir.clone(), frames, zygotes },
         &config,
         addr.port(),
     );

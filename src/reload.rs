@@ -83,16 +83,21 @@ pub struct Promoted {
     pub result: Result<(), String>,
 }
 
+/// What every app's workers start from, shared by all apps.
+pub struct Starters {
+    pub run_dir: Arc<tempfile::TempDir>,
+    /// valve's own worker protocol's listener (plumber apps), unless `--worker-transport httpuv`.
+    pub frames: Option<Arc<FrameHub>>,
+    /// The warm parents apps' workers fork from (none with `warm_parent = false`).
+    pub zygotes: Option<Arc<Zygotes>>,
+}
+
 /// Every app and its generations.
 pub struct Apps {
     router: Arc<Router>,
     fleet: Arc<Fleet>,
     registry: Arc<Registry>,
-    run_dir: Arc<tempfile::TempDir>,
-    /// valve's own worker protocol's listener (plumber apps), unless `--worker-transport httpuv`.
-    frames: Option<Arc<FrameHub>>,
-    /// The warm parents apps' workers fork from (none with `warm_parent = false`).
-    zygotes: Option<Arc<Zygotes>>,
+    starters: Starters,
     /// Where valve listens (workers are told, for the URLs apps build).
     host: String,
     port: u16,
@@ -140,9 +145,7 @@ impl Apps {
         router: Arc<Router>,
         fleet: Arc<Fleet>,
         registry: Arc<Registry>,
-        run_dir: Arc<tempfile::TempDir>,
-        frames: Option<Arc<FrameHub>>,
-        zygotes: Option<Arc<Zygotes>>,
+        starters: Starters,
         config: &Config,
         port: u16,
     ) -> Arc<Apps> {
@@ -154,9 +157,7 @@ impl Apps {
             router,
             fleet,
             registry,
-            run_dir,
-            frames,
-            zygotes,
+            starters,
             host: config.server.host.clone(),
             port,
             state: Mutex::new(State {
@@ -200,7 +201,7 @@ impl Apps {
         spec.on_output(metrics.clone());
         settings.spool = Some(spool);
         let warm =
-            self.zygotes.as_ref().filter(|_| !app.preload && app.source.preloadable()).map(|z| z.for_r(&app.r_bin));
+            self.starters.zygotes.as_ref().filter(|_| !app.preload && app.source.preloadable()).map(|z| z.for_r(&app.r_bin));
         let launcher = RLauncher::new(spec, app.preload, warm).map_err(RunError::RunDir)?;
         Ok(Supervisor::new(self.fleet.clone(), settings, Box::new(launcher), metrics))
     }
@@ -210,20 +211,20 @@ impl Apps {
     /// and where its spooled bodies go.
     pub fn spec(&self, app: &AppConfig, site: &Site) -> Result<(Spec, SpoolDir), RunError> {
         let mut spec = Spec::new(
-            self.run_dir.clone(),
+            self.starters.run_dir.clone(),
             app.r_bin.clone(),
             app.source.clone(),
             app.env.clone(),
             self.host.clone(),
             self.port,
         );
-        if let Some(hub) = &self.frames {
+        if let Some(hub) = &self.starters.frames {
             spec = spec.over_frames(hub.clone());
         }
         spec.render_timeout = app.start_timeout;
         spec.name = Arc::from(app.name.as_str());
         let sandboxed = |error| RunError::Sandbox { app: app.name.clone(), error };
-        let sandbox = Sandbox::for_app(app, site, self.run_dir.path()).map_err(sandboxed)?;
+        let sandbox = Sandbox::for_app(app, site, self.starters.run_dir.path()).map_err(sandboxed)?;
         let spool = SpoolDir { dir: sandbox.run.clone(), owner: sandbox.owner() };
         Ok((spec.sandboxed(sandbox).map_err(sandboxed)?, spool))
     }
@@ -483,7 +484,7 @@ impl Apps {
         while set.join_next().await.is_some() {}
         self.tasks.close();
         let _ = tokio::time::timeout(Duration::from_secs(10), self.tasks.wait()).await;
-        if let Some(z) = &self.zygotes {
+        if let Some(z) = &self.starters.zygotes {
             z.shutdown().await;
         }
     }

@@ -3,11 +3,15 @@
 
 - `helm lint --strict` on the defaults and on every values set below (the chart's
   values.schema.json rejects unknown keys);
-- `helm template ... | kubernetes-validate --strict` for each set, against the
-  oldest and newest Kubernetes versions checked here (misspelled fields fail);
+- `helm template --kube-version V ... | kubernetes-validate --strict -k V` for each
+  set and each of the oldest and newest Kubernetes versions checked here
+  (misspelled fields fail);
   custom resources (KEDA's ScaledObject) have no bundled schema: skipped, with a note;
 - what the manifests must say: probes on valve's paths on the main port, the
-  drain flags, a grace period covering them, --config only with a config, ...;
+  drain flags, a grace period covering them, --config only with a config, each
+  `isolation` value's security context (non-root and no capabilities; root with
+  exactly the capabilities valve needs to switch users, a state volume; those
+  plus SYS_ADMIN and AppArmor unconfined, seccomp as asked), ...;
 - a misspelled value and a misspelled field are rejected (the checks bite);
 - deploy/kubernetes/ is what the chart renders now, and validates too.
 
@@ -90,7 +94,16 @@ SETS = {
     "admin-off": ["--set", "admin.enabled=false"],
     "signin": ["--set", "oauth2Proxy.enabled=true", "--set", "oauth2Proxy.oidcIssuerUrl=https://idp.example.com",
                "--set", "oauth2Proxy.existingSecret=valve-signin", "--set", "valve.trustedProxies[0]=10.0.0.0/8"],
+    # With a sidecar: it must stay non-root whatever valve's container becomes.
+    "isolation=users": ["--set", "isolation=users", "--set-file", "config=CONFIG", "--set", "oauth2Proxy.enabled=true",
+                        "--set", "oauth2Proxy.oidcIssuerUrl=https://idp.example.com",
+                        "--set", "oauth2Proxy.existingSecret=valve-signin"],
+    "isolation=view": ["--set", "isolation=view"],
+    "isolation=view-unconfined": ["--set", "isolation=view", "--set", "viewSeccompProfile=Unconfined"],
 }
+
+# What valve needs as root to give each app a user of its own (found by trying, deploy/test/image).
+USERS_CAPS = ["SETUID", "SETGID", "CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL"]
 
 
 def docs_of(text):
@@ -102,14 +115,14 @@ def find(docs, kind):
     return found[0] if found else None
 
 
-def validate(docs, what):
+def validate(docs, what, versions=KUBE_VERSIONS):
     """kubernetes-validate --strict on the built-in kinds of `docs`."""
     builtin = [d for d in docs if not d["apiVersion"].startswith(CUSTOM_API_GROUPS)]
     for d in docs:
         if d not in builtin:
             notes.append(f"{what}: {d['kind']} ({d['apiVersion']}) skipped, a custom resource with no bundled schema")
     text = yaml.safe_dump_all(builtin)
-    for version in KUBE_VERSIONS:
+    for version in versions:
         r = run([VALIDATE, "--strict", "--quiet", "-k", version, "-"], text)
         if r.returncode != 0:
             fail(f"{what}: kubernetes-validate --strict -k {version}:\n{r.stdout}{r.stderr}")
@@ -157,6 +170,60 @@ def check_defaults(docs):
         fail("optional objects rendered by default")
     if dep["spec"].get("replicas") != 2:
         fail("replicas should be set without autoscaling")
+
+
+def check_isolation(name, by_version):
+    """Each `isolation` value's security contexts, volumes and state directory."""
+    mode = name.split("=")[1].split("-")[0] if name.startswith("isolation=") else "shared"
+    docs = by_version[KUBE_VERSIONS[-1]]
+    pod = find(docs, "Deployment")["spec"]["template"]["spec"]
+    c = container(docs)
+    sc = c["securityContext"]
+    caps = sc.get("capabilities", {})
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    what = f"isolation {mode}"
+    if caps.get("drop") != ["ALL"]:
+        fail(f"{what}: valve's container must drop every capability first: {caps}")
+    if not sc.get("readOnlyRootFilesystem") or sc.get("allowPrivilegeEscalation") is not False:
+        fail(f"{what}: valve's container must keep a read-only root and no privilege escalation: {sc}")
+    if not pod["securityContext"].get("runAsNonRoot") or pod["securityContext"].get("runAsUser") != 10001:
+        fail(f"{what}: the pod (and any sidecar) must stay non-root: {pod['securityContext']}")
+    if mode == "shared":
+        if "add" in caps or "runAsUser" in sc or "state" in volumes or "VALVE_STATE_DIR" in env:
+            fail(f"{what}: valve's container must run as the pod's non-root user with no capability added: {sc}")
+        return
+    if (sc.get("runAsUser"), sc.get("runAsGroup"), sc.get("runAsNonRoot")) != (0, 0, False):
+        fail(f"{what}: valve's container must run as root (runAsUser 0, runAsNonRoot false): {sc}")
+    want = USERS_CAPS + (["SYS_ADMIN"] if mode == "view" else [])
+    if caps.get("add") != want:
+        fail(f"{what}: capabilities added {caps.get('add')}, want exactly {want}")
+    if env.get("VALVE_STATE_DIR") != "/var/lib/valve" or mounts.get("state") != "/var/lib/valve" \
+            or "emptyDir" not in volumes.get("state", {}):
+        fail(f"{what}: no writable state directory (--state-dir on an emptyDir): env {env}, mounts {mounts}")
+    unconfined = {"type": "Unconfined"}
+    annotation = "container.apparmor.security.beta.kubernetes.io/valve"
+    if mode == "users":
+        if volumes.get("config", {}).get("configMap", {}).get("defaultMode") != 0o400:
+            fail(f"{what}: valve's config file must be readable by valve (root) alone: {volumes.get('config')}")
+        if "seccompProfile" in sc or "appArmorProfile" in sc:
+            fail(f"{what}: valve's container keeps the runtime's seccomp and AppArmor profiles: {sc}")
+        for side in pod["containers"][1:]:
+            side_sc = side["securityContext"]
+            if side_sc.get("runAsUser") == 0 or side_sc.get("capabilities", {}).get("add"):
+                fail(f"{what}: the {side['name']} sidecar must stay non-root with no capability: {side_sc}")
+    else:
+        if sc.get("appArmorProfile") != unconfined:
+            fail(f"{what}: Kubernetes {KUBE_VERSIONS[-1]}: AppArmor must be Unconfined: {sc}")
+        # The pod's RuntimeDefault, unless asked for Unconfined.
+        seccomp = unconfined if name.endswith("-unconfined") else None
+        if sc.get("seccompProfile") != seccomp or pod["securityContext"].get("seccompProfile") != {"type": "RuntimeDefault"}:
+            fail(f"{what} ({name}): seccomp {sc.get('seccompProfile')} in valve's container, want {seccomp}: {sc}")
+        old = by_version[KUBE_VERSIONS[0]]
+        old_ann = find(old, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+        if old_ann.get(annotation) != "unconfined" or "appArmorProfile" in container(old)["securityContext"]:
+            fail(f"{what}: Kubernetes {KUBE_VERSIONS[0]} takes AppArmor as the pod annotation {annotation}")
 
 
 def check_set(name, docs):
@@ -243,18 +310,30 @@ def main():
         r = run([HELM, "lint", "--strict", CHART, *args])
         if r.returncode != 0:
             fail(f"helm lint --strict ({name}):\n{r.stdout}{r.stderr}")
-        r = run([HELM, "template", "valve", CHART, "--namespace", "default", *args])
-        if r.returncode != 0:
-            fail(f"helm template ({name}):\n{r.stderr}")
-            continue
-        docs = docs_of(r.stdout)
-        validated += validate(docs, name)
-        check_set(name, docs)
+        by_version = {}
+        for version in KUBE_VERSIONS:
+            r = run([HELM, "template", "valve", CHART, "--namespace", "default", "--kube-version", version, *args])
+            if r.returncode != 0:
+                fail(f"helm template --kube-version {version} ({name}):\n{r.stderr}")
+                break
+            by_version[version] = docs_of(r.stdout)
+            count = validate(by_version[version], name, [version])
+        else:
+            validated += count
+            check_set(name, by_version[KUBE_VERSIONS[-1]])
+            if name == "defaults" or name.startswith("isolation="):
+                check_isolation(name, by_version)
 
     # The checks bite: a misspelled value, a misspelled field, both autoscalers at once.
     r = run([HELM, "lint", "--strict", CHART, "--set", "valve.drainDelai=5"])
     if r.returncode == 0:
         fail("helm lint accepted a misspelled value (valve.drainDelai)")
+    r = run([HELM, "lint", "--strict", CHART, "--set", "isolation=root"])
+    if r.returncode == 0:
+        fail("helm lint accepted isolation=root (only shared, users, view)")
+    r = run([HELM, "lint", "--strict", CHART, "--set", "viewSeccompProfile=Localhost"])
+    if r.returncode == 0:
+        fail("helm lint accepted viewSeccompProfile=Localhost (only RuntimeDefault, Unconfined)")
     r = run([HELM, "template", "valve", CHART, "--namespace", "default"])
     typo = r.stdout.replace("periodSeconds:", "periodSecond:", 1)
     if run([VALIDATE, "--strict", "--quiet", "-k", KUBE_VERSIONS[-1], "-"], typo).returncode == 0:
@@ -277,12 +356,12 @@ def main():
         validated += validate(docs_of(fresh), f"deploy/kubernetes/{fname}")
 
     shutil.rmtree(tmp, ignore_errors=True)
-    for n in notes:
+    for n in dict.fromkeys(notes):
         print(f"chart: note: {n}")
     if failures:
         sys.exit(1)
     print(f"chart: ok (helm lint --strict on {len(SETS)} value sets; {validated} objects valid under "
-          f"kubernetes-validate --strict for Kubernetes {' and '.join(KUBE_VERSIONS)}; deploy/kubernetes/ up to date)")
+          f"kubernetes-validate --strict for Kubernetes {' and '.join(KUBE_VERSIONS)}; isolation shared, users, view; deploy/kubernetes/ up to date)")
 
 
 if __name__ == "__main__":

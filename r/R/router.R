@@ -20,7 +20,11 @@ worker_attached <- c(
 is_router <- function(x) inherits(x, "Plumber")
 
 # Saves `router` for valve's workers and returns the file's path, inside a new
-# directory only this user can read (0700), removed by valve_stop().
+# directory removed by valve_stop(): one only this user can read (0700) in
+# this session's temporary folder, as valve's workers run as this user. As
+# root, valve runs the router's workers as a user of its own, which must read
+# it: the directory is then 0755 (the file 0644), in the system's temporary
+# folder, since this session's own (0700) cannot be passed by another user.
 save_router <- function(router, call = rlang::caller_env()) {
   if (!requireNamespace("plumber", quietly = TRUE)) {
     cli::cli_abort("Serving a plumber router needs the {.pkg plumber} package.", call = call)
@@ -54,13 +58,20 @@ save_router <- function(router, call = rlang::caller_env()) {
       " " = "Each worker has its own copy: changes made in one are not seen by the others or by this session."
     ))
   }
-  dir <- tempfile("valve-app-")
-  dir.create(dir, mode = "0700")
-  Sys.chmod(dir, "0700", use_umask = FALSE)
+  shared <- is_root()
+  dir <- tempfile("valve-app-", tmpdir = if (shared) dirname(tempdir()) else tempdir())
+  dir.create(dir, mode = if (shared) "0755" else "0700")
+  Sys.chmod(dir, if (shared) "0755" else "0700", use_umask = FALSE)
   path <- file.path(dir, "router.rds")
   saveRDS(copy, path)
-  Sys.chmod(path, "0600", use_umask = FALSE)
+  Sys.chmod(path, if (shared) "0644" else "0600", use_umask = FALSE)
   path
+}
+
+# Whether this session runs as root: valve, started from it, then gives each
+# app's workers a user of their own.
+is_root <- function() {
+  identical(unname(ps::ps_uids(ps::ps_handle())[["effective"]]), 0L)
 }
 
 # Every function the router runs for requests: endpoints and filters, of the

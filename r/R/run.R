@@ -18,7 +18,11 @@
 #'   `plumber::pr() |> plumber::pr_get("/x", function() 1)`. valve's workers
 #'   are other R processes, so the router is copied to them: it is saved with
 #'   [saveRDS()] into a private temporary directory (mode 0700) and every
-#'   worker reads it with [readRDS()]. Objects its handlers use from your
+#'   worker reads it with [readRDS()]. (As root, valve runs the workers as a
+#'   user of their own, so the copy goes into a directory in the system's
+#'   temporary folder that every user may read: keep secrets out of the
+#'   router's globals and read them in `valve.on_worker_start` instead.)
+#'   Objects its handlers use from your
 #'   global environment, and functions from packages attached in this session,
 #'   travel with it (each worker gets its own copy). What cannot travel (an
 #'   open connection, an external pointer such as a database connection or a

@@ -160,6 +160,14 @@ local({
     length(fields) >= 20 && identical(fields[20], valve_start)
   }
 
+  # Loaded once here in the parent; started in each fork.
+  enter_dll <- tryCatch(dyn.load(Sys.getenv("VALVE_ENTER_LIB")), error = function(e) NULL)
+  lifeline <- function() {
+    fd <- as.integer(Sys.getenv("VALVE_LIFELINE", NA))
+    !is.null(enter_dll) && !is.na(fd) &&
+      isTRUE(.C("valve_lifeline", fd, ok = FALSE, PACKAGE = enter_dll[["name"]])$ok)
+  }
+
   become_worker <- function(id, socket, fifo, token, serve) {
     # Output goes to valve through this fork's own channel, pid first.
     # Opened read-write: unlike a write-only open, that never blocks waiting for a reader.
@@ -198,12 +206,16 @@ local({
       assign(name, exit_now, envir = base)
       lockBinding(name, base)
     }
-    # A fork cannot carry a parent-death signal: it checks on valve itself.
-    watchdog <- function() {
-      if (!valve_alive()) tools::pskill(Sys.getpid(), tools::SIGKILL)
+    # A fork's parent is this R, not valve: it dies with valve by the lifeline
+    # (a thread that waits on a pipe only valve holds open), or else checks
+    # on valve itself whenever R is idle.
+    if (!lifeline()) {
+      watchdog <- function() {
+        if (!valve_alive()) tools::pskill(Sys.getpid(), tools::SIGKILL)
+        later::later(watchdog, 1)
+      }
       later::later(watchdog, 1)
     }
-    later::later(watchdog, 1)
     on_worker_start()
     serve(socket, id)
   }

@@ -27,6 +27,7 @@ mod conn;
 mod fork;
 mod frames;
 mod launcher;
+mod lifeline;
 mod output;
 pub mod packages;
 mod process;

@@ -238,7 +238,16 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
 
 /// A process's private memory (not shared with any other process) in bytes.
 pub fn private_bytes(pid: u32) -> Option<u64> {
-    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let path = format!("/proc/{pid}/smaps_rollup");
+    let rollup = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        // valve as root without CAP_SYS_PTRACE: read it as the process's own user.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && rustix::process::geteuid().is_root() => {
+            let ids = crate::worker::sandbox::ids_of(pid).ok().filter(|ids| ids.0 != 0)?;
+            crate::worker::sandbox::as_user(Some(ids), || std::fs::read_to_string(&path)).ok()?
+        }
+        Err(_) => return None,
+    };
     let kb: u64 = rollup
         .lines()
         .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))

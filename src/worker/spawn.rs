@@ -97,6 +97,7 @@ pub fn run_dir() -> io::Result<Arc<tempfile::TempDir>> {
         std::fs::write(lib.join(name), text)?;
         std::fs::set_permissions(lib.join(name), std::fs::Permissions::from_mode(0o644))?;
     }
+    super::zygote::write_files(&lib)?;
     Ok(Arc::new(dir))
 }
 
@@ -125,6 +126,10 @@ impl Launchable {
     /// between fork and exec, entering `sandbox`.
     pub(super) fn new(mut cmd: Command, sandbox: Option<Arc<Prepared>>) -> io::Result<Launchable> {
         let parent = std::process::id();
+        let lifeline = super::lifeline::read_end();
+        if let Some(fd) = lifeline {
+            cmd.env("VALVE_LIFELINE", fd.to_string());
+        }
         let mut report = None;
         let enter = match sandbox {
             Some(prepared) => {
@@ -139,6 +144,9 @@ impl Launchable {
         // sandbox's system calls, write and _exit) between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
+                if let Some(fd) = lifeline {
+                    super::lifeline::keep_in_child(fd)?;
+                }
                 rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
                 // valve may have died between fork and prctl; then nobody would kill us.
                 if rustix::process::getppid().map(Pid::as_raw_nonzero).map(|p| p.get() as u32) != Some(parent) {
@@ -148,6 +156,12 @@ impl Launchable {
                     if let Err((step, error)) = prepared.enter() {
                         let _ = rustix::io::write(write, &(step as u32).to_le_bytes());
                         return Err(error);
+                    }
+                    // Becoming the app's user cleared the death signal (the
+                    // kernel does on every change of credentials): again.
+                    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+                    if rustix::process::getppid().map(Pid::as_raw_nonzero).map(|p| p.get() as u32) != Some(parent) {
+                        return Err(io::Error::other("valve exited while the worker started"));
                     }
                 }
                 Ok(())
@@ -289,6 +303,7 @@ impl Spec {
         set("VALVE_PUBLIC_HOST", self.public_host.clone().into());
         set("VALVE_PUBLIC_PORT", self.public_port.to_string().into());
         set("VALVE_LOOP", sandbox::lib_dir(self.run_dir.path()).join("loop.R").into());
+        set("VALVE_ENTER_LIB", sandbox::lib_dir(self.run_dir.path()).join("valve_enter.so").into());
         set("VALVE_TRANSPORT", if self.frames.is_some() { "frames" } else { "httpuv" }.into());
         if let Some(hub) = &self.frames {
             set("VALVE_FRAME_PORT", hub.port().to_string().into());

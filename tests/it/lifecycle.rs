@@ -114,12 +114,25 @@ async fn sigterm_drains_in_flight_requests_then_stops_every_worker() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_of_valve_takes_the_workers_with_it() {
-    let mut valve = Valve::start(&["-f", example().to_str().unwrap(), "-n", "3", "--n-min", "3"]);
+    // A worker busy in R cannot notice valve's end on its own, and a Shiny
+    // worker has no connection to valve between requests: only the kernel's
+    // parent-death signal takes them (which becoming the app's user, as root,
+    // clears: it is set again after).
+    let mut valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "-n", "3", "--n-min", "3"]);
     assert_eq!(valve.workers().len(), 3);
-    let workers = valve.r_processes();
-    valve.signal(libc::SIGKILL);
-    valve.wait_exit(Duration::from_secs(5));
-    wait_until("workers to die with valve", Duration::from_secs(5), || workers.iter().all(|p| !pid_alive(*p)));
+    let hang = tokio::spawn(client().get(valve.get("/hang")).send());
+    wait_until("a worker busy in R", Duration::from_secs(10), || {
+        valve.status()["pool"]["busy"].as_u64().unwrap_or(0) >= 1
+    });
+    let mut shiny = Valve::start(&["-f", fixture("shiny_whoami").to_str().unwrap(), "-n", "2", "--n-min", "2"]);
+    assert_eq!(shiny.workers().len(), 2);
+    for valve in [&mut valve, &mut shiny] {
+        let workers = valve.r_processes();
+        valve.signal(libc::SIGKILL);
+        valve.wait_exit(Duration::from_secs(5));
+        wait_until("workers to die with valve", Duration::from_secs(5), || workers.iter().all(|p| !pid_alive(*p)));
+    }
+    hang.abort();
 }
 
 #[test]

@@ -12,6 +12,8 @@ test_that("valve_start() serves the example API until valve_stop()", {
   expect_equal(api$app, normalizePath(example_api()))
   expect_equal(c(api$n_min, api$n_max), c(1L, 3L))
   expect_length(tree, 2) # valve and one worker
+  # As root, valve gives the app a user of its own: its worker is not root.
+  if (valve:::is_root()) expect_false(ps::ps_uids(tree[[2]])[["effective"]] == 0L)
 
   echo <- fetch(paste0(api$url, "/echo?msg=hello"))
   expect_equal(echo$status, 200L)
@@ -79,13 +81,17 @@ test_that("a port in use fails with valve's message, and the first valve keeps s
 
 test_that("valve_start() gives up at its deadline and stops valve and its worker", {
   skip_if_no_valve()
-  marker <- withr::local_tempfile()
   slow <- local_api(c(
-    sprintf("writeLines('loading', '%s')", marker),
+    "writeLines('loading', 'loading.txt')",
     "Sys.sleep(60)",
     "#* @get /",
     "function() 1"
   ))
+  # The worker writes into the API's own folder (its working directory), the
+  # one place outside its private temporary folder that its user sees and,
+  # made writable here, may write to when valve gives it a user of its own.
+  Sys.chmod(dirname(slow), "0777", use_umask = FALSE)
+  marker <- file.path(dirname(slow), "loading.txt")
   started <- Sys.time()
   err <- expect_error(valve_start(slow, timeout = 3), class = "valve_start_error")
   expect_lt(as.numeric(difftime(Sys.time(), started, units = "secs")), 15)

@@ -7,6 +7,7 @@
 //! allows before the configuration is read; `dirs` makes each app's private
 //! folders (its home, its temporary folder, its run folder) owned by its user.
 
+mod as_user;
 mod dirs;
 mod enter;
 mod probe;
@@ -16,6 +17,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use as_user::{as_user, ids_of};
 pub use enter::Prepared;
 pub use probe::{guard_valve, probe};
 pub use view::View;

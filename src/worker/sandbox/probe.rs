@@ -46,8 +46,9 @@ pub fn probe(try_uid: u32) -> Kernel {
 /// Whether `step` succeeds in a forked child (which then runs valve's own
 /// `--version`, quietly: any program would do, this one surely exists).
 fn child_can(step: impl Fn() -> rustix::io::Result<()> + Send + Sync + 'static) -> bool {
-    let Ok(exe) = std::env::current_exe() else { return false };
-    let mut cmd = Command::new(exe);
+    // By /proc/self/exe, not by path: an app's user (the child after
+    // `switch_users`) may not pass valve's folder (under /root, /tmp/...).
+    let mut cmd = Command::new("/proc/self/exe");
     cmd.arg("--version").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     // SAFETY: `step` makes system calls only.
     unsafe {

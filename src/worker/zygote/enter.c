@@ -27,11 +27,20 @@
  * (changing uid made it not): its own user may read its /proc, as for any R.
  * On failure it stops at once and says which line failed and the errno.
  * Nothing here allocates or depends on R: it is plain system calls.
+ *
+ * valve_lifeline() is the death signal of a fork: a fork's parent is an R
+ * process, not valve, and a change of user clears a death signal anyway. A
+ * thread of its own (which never touches R) waits on the read end of a pipe
+ * whose write end only valve holds; when valve ends, however it ends, the
+ * pipe hangs up and the thread kills its process.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,4 +179,29 @@ void valve_enter(char **lines, int *n, int *failed, int *error) {
   }
   for (int i = 0; i < MAX_CLONES; i++)
     if (clones[i] >= 0) close(clones[i]);
+}
+
+static void *lifeline(void *arg) {
+  struct pollfd p = {.fd = (int)(long)arg, .events = POLLIN};
+  for (;;) {
+    int r = poll(&p, 1, -1);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 || (p.revents & (POLLHUP | POLLERR | POLLNVAL))) break;
+    /* valve never writes: data would be a mistake, not a reason to die. */
+    char b;
+    if (read(p.fd, &b, 1) == 0) break;
+  }
+  kill(getpid(), SIGKILL);
+  return NULL;
+}
+
+/* R: .C("valve_lifeline", fd, ok = FALSE) */
+void valve_lifeline(int *fd, int *ok) {
+  pthread_attr_t a;
+  pthread_t t;
+  *ok = 0;
+  if (pthread_attr_init(&a) != 0) return;
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  *ok = pthread_create(&t, &a, lifeline, (void *)(long)*fd) == 0;
+  pthread_attr_destroy(&a);
 }

@@ -73,7 +73,6 @@ pub struct Zygotes {
 impl Zygotes {
     /// Must be called inside the runtime that will own the parents.
     pub fn new(run_dir: Arc<tempfile::TempDir>, packages: Vec<String>) -> io::Result<Arc<Zygotes>> {
-        write_files(&super::sandbox::lib_dir(run_dir.path()))?;
         Ok(Arc::new(Zygotes { packages, run_dir, spawner: Spawner::new()?, parents: StdMutex::new(BTreeMap::new()) }))
     }
 

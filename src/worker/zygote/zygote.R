@@ -60,6 +60,8 @@ local({
   tryCatch(warm(), error = function(e) cat("valve: warming up: ", conditionMessage(e), "\n", sep = "", file = stderr()))
   enter_lib <- Sys.getenv("VALVE_ENTER_LIB")
   dll <- dyn.load(enter_lib)
+  lifeline <- as.integer(Sys.getenv("VALVE_LIFELINE", NA))
+  if (is.na(lifeline)) stop("VALVE_LIFELINE is not set")
   zygote_home <- Sys.getenv("HOME")
   launcher <- Sys.getenv("VALVE_LAUNCHER")
   cat(sprintf("valve-zygote-ready %d %.3f %s\n", Sys.getpid(), as.numeric(Sys.time() - started, units = "secs"),
@@ -180,16 +182,13 @@ local({
     # A fresh individual: R seeds its generator from the time and pid on next use.
     if (exists(".Random.seed", envir = globalenv(), inherits = FALSE)) rm(".Random.seed", envir = globalenv())
     if ("shiny" %in% loadedNamespaces()) assign("ownSeed", NULL, envir = shiny:::.globals)
-    # A fork cannot carry a parent-death signal: it checks on valve itself.
-    valve_pid <- Sys.getenv("VALVE_PID")
-    valve_start <- Sys.getenv("VALVE_START_TIME")
-    watchdog <- function() {
-      stat <- tryCatch(readLines(sprintf("/proc/%s/stat", valve_pid), warn = FALSE), error = function(e) "")
-      fields <- strsplit(sub(".*\\) ", "", stat[1]), " ", fixed = TRUE)[[1]]
-      if (!(length(fields) >= 20 && identical(fields[20], valve_start))) tools::pskill(Sys.getpid(), tools::SIGKILL)
-      later::later(watchdog, 1)
+    # A fork's parent is this R, not valve: it dies with valve by the lifeline
+    # (a thread that waits on a pipe only valve holds open).
+    started <- .C("valve_lifeline", lifeline, ok = FALSE, PACKAGE = dll[["name"]])
+    if (!started$ok) {
+      cat("valve-fork-failed: starting the lifeline thread\n")
+      parallel:::mcexit(7L)
     }
-    later::later(watchdog, 1)
     # Now a plain worker of the app: the launcher loads and serves it.
     Sys.setenv(VALVE_MODE = "plain")
     source(launcher, local = new.env(parent = globalenv()))

@@ -52,3 +52,38 @@ most saturated app. KEDA divides it by the threshold to get the replicas wanted.
 {{- printf "sum(max by (pod) (valve_saturation{%s}))" $matchers }}
 {{- end }}
 {{- end }}
+
+{{/* valve's container's security context: .Values.securityContext, and with `isolation`
+users or view, root with only what valve needs to give each app a user of its own:
+becoming it (SETUID, SETGID), making its private folders its own (CHOWN, FOWNER), reaching
+into them, 0700 and the app's (DAC_OVERRIDE), and signalling its workers (KILL). view adds
+a mount namespace per app (SYS_ADMIN; AppArmor unconfined: the runtimes' default AppArmor
+profiles refuse mounts; seccomp as viewSeccompProfile says). From Kubernetes 1.30 AppArmor is a
+field here; before, the pod annotation in the Deployment's template. */}}
+{{- define "valve.securityContext" -}}
+{{- $sc := deepCopy .Values.securityContext }}
+{{- if ne .Values.isolation "shared" }}
+{{- $caps := list "SETUID" "SETGID" "CHOWN" "DAC_OVERRIDE" "FOWNER" "KILL" }}
+{{- if eq .Values.isolation "view" }}
+{{- $caps = append $caps "SYS_ADMIN" }}
+{{- end }}
+{{- $_ := set $sc "runAsUser" 0 }}
+{{- $_ = set $sc "runAsGroup" 0 }}
+{{- $_ = set $sc "runAsNonRoot" false }}
+{{- $_ = set $sc "capabilities" (dict "drop" (list "ALL") "add" $caps) }}
+{{- if eq .Values.isolation "view" }}
+{{- if eq .Values.viewSeccompProfile "Unconfined" }}
+{{- $_ = set $sc "seccompProfile" (dict "type" "Unconfined") }}
+{{- end }}
+{{- if include "valve.appArmorField" . }}
+{{- $_ = set $sc "appArmorProfile" (dict "type" "Unconfined") }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toYaml $sc }}
+{{- end }}
+
+{{/* Non-empty when the cluster takes AppArmor as a security context field (1.30 and later). */}}
+{{- define "valve.appArmorField" -}}
+{{- if semverCompare ">=1.30-0" .Capabilities.KubeVersion.Version }}yes{{ end }}
+{{- end }}
