@@ -41,7 +41,7 @@ impl RLauncher {
         }
         Ok(RLauncher {
             spec: Arc::new(spec),
-            spawner: Spawner::new()?,
+            spawner: Spawner::shared()?,
             forks: preload.then(fork::ForkServer::new),
             rendered: OnceCell::new(),
             stop: CancellationToken::new(),
