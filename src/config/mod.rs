@@ -16,7 +16,8 @@
 //! `users` (whom an app's R runs as: `run_as`, an app's own uid, what the
 //! kernel lets valve do), `settle` (accounts and readable folders, once
 //! every app is read), `site` (`--site`), `flags` (clap), `file` (the TOML
-//! reader), `source` (where a configuration comes from, for reloads).
+//! reader), `source` (where a configuration comes from, for reloads),
+//! `table` (what `--check` prints of a valid configuration).
 
 mod access;
 mod discover;
@@ -31,6 +32,7 @@ mod rmd;
 mod settle;
 mod site;
 mod source;
+mod table;
 mod users;
 
 pub use access::{Allow, AuthService, Cidr, Trust};
@@ -41,4 +43,5 @@ pub use model::{is_admin_path, normal_prefix, valid_name, AppConfig, Config, Ser
 pub use problems::{Problem, Problems};
 pub use rmd::{is_output_of_a_document, Runtime};
 pub use source::{LoadError, Source};
+pub use table::{summary, table};
 pub use users::{blocked_ancestor, Account, AccountKind, Isolation, Kernel, RunAs, DEFAULT_UID_RANGE};
