@@ -274,6 +274,20 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_pruned_for_age_is_not_replaced_the_pool_shrinks_on_purpose() {
+        let (mut p, t0, _) = pool(1, 3, 100);
+        p.enqueue(1);
+        let extra = p.grow(t0, 5).ids;
+        feed(&mut p, t0, Event::Ready(extra[0]));
+        feed(&mut p, t0, Event::Completed(extra[0]));
+        let old = t0 + TIMERS.max_age + Duration::from_secs(1);
+        let tick = feed(&mut p, old, Event::Tick { prune: true });
+        assert!(tick.iter().any(|e| matches!(e, Effect::Retire { reason: Retire::Idle, note: Note::Pruned, .. })));
+        assert!(!tick.contains(&Effect::Grow), "{tick:?}");
+        assert_eq!((p.unreplaced(), p.wants()), (0, 0), "down to n_min: nothing to replace");
+    }
+
+    #[test]
     fn without_a_place_under_n_max_a_worker_past_a_limit_stops_first() {
         let (mut p, t0, ids) = pool(2, 2, 1);
         let w = p.checkout().unwrap();

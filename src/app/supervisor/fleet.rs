@@ -119,6 +119,14 @@ impl Fleet {
                 sup.feed(app, Event::NoRoom, after);
             }
         }
+        if let Some(app) = f.apps.get(&key) {
+            for id in &start.ids {
+                if let Some(old) = app.pool.replaces(*id) {
+                    tracing::info!(app = %sup.settings.name, worker = id, replaces = old,
+                        "starting worker: replacing one past its limit, which serves until this one answers");
+                }
+            }
+        }
         if !start.ids.is_empty() {
             after.starts.push((sup, start));
         }

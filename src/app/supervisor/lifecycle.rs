@@ -46,23 +46,9 @@ impl Supervisor {
     /// Grows the app as far as its pool wants and the budget allows (the
     /// pool asked: a worker past a limit waits for its replacement).
     pub(super) fn grow_now(self: &Arc<Self>) {
-        let mut after = After::default();
-        {
-            let mut f = self.fleet.lock();
-            if !f.apps.contains_key(&self.key) {
-                return;
-            }
-            self.fleet.grow(&mut f, self.key, now(), &mut after);
-            if let Some(app) = f.apps.get(&self.key) {
-                for id in after.starts.iter().flat_map(|(_, s)| &s.ids) {
-                    if let Some(old) = app.pool.replaces(*id) {
-                        tracing::info!(app = %self.settings.name, worker = id, replaces = old,
-                            "starting worker: replacing one past its limit, which serves until this one answers");
-                    }
-                }
-            }
+        if let Some((_, after)) = self.with_growth(|_, _| ()) {
+            after.run();
         }
-        after.run();
     }
 
     /// Changes the app's `n_min` and starts what that calls for.
