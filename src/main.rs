@@ -62,8 +62,8 @@ fn main() -> ExitCode {
         for warning in config.warnings() {
             eprintln!("valve: warning: {warning}");
         }
-        println!("valve: {} is valid: {}", source.describe(), summary(&config));
-        print!("{}", table(&config));
+        println!("valve: {} is valid: {}", source.describe(), valve::config::summary(&config));
+        print!("{}", valve::config::table(&config));
         return ExitCode::SUCCESS;
     }
     // Created before the log, which hands valve's lines about each app to that app's log.
@@ -190,52 +190,6 @@ fn subcommand(args: &Args, command: Command) -> ExitCode {
             ExitCode::from(EXIT_START)
         }
     }
-}
-
-/// One line on what a valid configuration serves (`--check`), with the kind
-/// of each app as discovery found it (`plumber-dir`, `shiny`, `shiny-rmd`...).
-fn summary(config: &Config) -> String {
-    let apps: Vec<String> = config
-        .apps
-        .iter()
-        .map(|a| {
-            let workers = if a.is_static() { "no R".to_string() } else { format!("{}-{} workers", a.n_min, a.n_max) };
-            format!(
-                "{} at {}{} ({}, {workers})",
-                a.name,
-                a.hostname.as_deref().unwrap_or(""),
-                a.prefix,
-                a.source.kind()
-            )
-        })
-        .collect();
-    format!("{} app(s), at most {} R workers: {}", apps.len(), config.server.max_workers, apps.join("; "))
-}
-
-/// `--check`'s table: one line per app, with whom its R runs as.
-fn table(config: &Config) -> String {
-    let mut rows: Vec<[String; 6]> =
-        vec![["APP", "PATH", "KIND", "WORKERS", "RUNS AS", "MEMORY LIMIT"].map(String::from)];
-    for a in &config.apps {
-        let r = !a.is_static();
-        rows.push([
-            a.name.clone(),
-            format!("{}{}", a.hostname.as_deref().unwrap_or(""), a.prefix),
-            a.source.kind().to_string(),
-            if r { format!("{}-{}", a.n_min, a.n_max) } else { "no R".into() },
-            if r { a.account.describe() } else { "-".into() },
-            a.memory_limit.map(|b| format!("{}MB", b >> 20)).unwrap_or_else(|| "-".into()),
-        ]);
-    }
-    let widths: Vec<usize> = (0..6).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
-    let mut out = format!("isolation: {}\n", config.server.isolation.label());
-    for row in rows {
-        let cells: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        out.push_str("  ");
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
 }
 
 async fn serve(config: Config, source: Source, log: &valve::log::Log, registry: Arc<Registry>) -> ExitCode {

@@ -364,3 +364,59 @@ async fn a_pool_without_workers_is_ready_at_once_and_never_launches() {
     files.shutdown().await;
     api.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_recycled_worker_serves_until_its_replacement_answers_or_stops_first_when_the_budget_has_no_place() {
+    let recycled = |name: &str, n_min, n_max| Settings {
+        name: name.into(),
+        limits: Limits { max_requests: Some(3), ..settings(n_min, n_max).limits },
+        ..settings(n_min, n_max)
+    };
+    // Room for a replacement: it starts while the old worker serves on.
+    let fleet = Fleet::new(2);
+    let (sup, fake) = app_in(&fleet, recycled("a", 1, 2));
+    sup.start().await.unwrap();
+    fake.plans.lock().unwrap().push_back(Plan { ready_after: Duration::from_secs(2), ..Plan::default() });
+    let old = fake.alive()[0].id;
+    for _ in 0..3 {
+        let mut lease = sup.lease().await.unwrap();
+        assert_eq!(lease.worker, old);
+        call(&mut lease, "/pid").await.unwrap();
+    }
+    until("the replacement launched", || fake.launched_at.lock().unwrap().len() == 2).await;
+    let new = fake.workers.lock().unwrap()[1].id;
+    for _ in 0..5 {
+        let mut lease = sup.lease().await.unwrap();
+        assert_eq!((lease.worker, lease.waited), (old, Duration::ZERO), "past its limit, it serves at once");
+        call(&mut lease, "/sleep?ms=100").await.unwrap();
+    }
+    assert!(fake.worker(old).signals().is_empty(), "not stopped while its replacement starts");
+    assert_eq!(fleet.processes(), 2, "within n_max and the budget");
+    until("the replacement ready", || sup.status().workers.iter().any(|w| w.id == new && w.state == "idle")).await;
+    let mut lease = sup.lease().await.unwrap();
+    assert_eq!(lease.worker, new, "once the replacement answers, requests go to it");
+    call(&mut lease, "/pid").await.unwrap();
+    drop(lease);
+    until("the old worker stopped", || !fake.worker(old).alive()).await;
+    assert_eq!(fake.worker(old).signals(), vec![(Stop::Term, false)], "a planned stop");
+    assert_eq!(fake.launched_at.lock().unwrap().len(), 2, "one replacement, no other start");
+
+    // The budget is spent and no place can come free (the other app is at its
+    // n_min): the worker stops first, and its exit makes the place.
+    let fleet = Fleet::new(2);
+    let (a, fake_a) = app_in(&fleet, recycled("a", 1, 2));
+    let (b, fake_b) = app_in(&fleet, Settings { name: "b".into(), ..settings(1, 1) });
+    a.start().await.unwrap();
+    b.start().await.unwrap();
+    let old = fake_a.alive()[0].id;
+    for _ in 0..3 {
+        let mut lease = a.lease().await.unwrap();
+        call(&mut lease, "/pid").await.unwrap();
+    }
+    until("the old worker stopped", || !fake_a.worker(old).alive()).await;
+    until("its replacement", || fake_a.alive().len() == 1).await;
+    assert_eq!(fake_a.worker(old).signals(), vec![(Stop::Term, false)]);
+    assert_eq!(fake_a.launched_at.lock().unwrap().len(), 2, "one replacement, after the old one left");
+    assert_eq!(fake_b.alive().len(), 1, "the other app kept its worker");
+    assert_eq!(fleet.processes(), 2);
+}

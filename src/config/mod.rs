@@ -19,7 +19,8 @@
 //! reader), `source` (where a configuration comes from, for reloads),
 //! `publish` (publishing's settings, keys file and records, and the
 //! published apps as data), `otel` (where traces go: `--otlp-endpoint` and
-//! OpenTelemetry's `OTEL_*` variables).
+//! OpenTelemetry's `OTEL_*` variables), `table` (what `--check` prints of a
+//! valid configuration).
 
 mod access;
 mod discover;
@@ -36,6 +37,7 @@ mod rmd;
 mod settle;
 mod site;
 mod source;
+mod table;
 mod users;
 
 pub use access::{Allow, AuthService, Cidr, Trust};
@@ -47,4 +49,5 @@ pub use otel::Otlp;
 pub use problems::{Problem, Problems};
 pub use rmd::{is_output_of_a_document, Runtime};
 pub use source::{LoadError, Source};
+pub use table::{summary, table};
 pub use users::{blocked_ancestor, Account, AccountKind, Isolation, Kernel, RunAs, DEFAULT_UID_RANGE};

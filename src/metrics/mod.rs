@@ -5,7 +5,7 @@
 //! that stay distinct under OpenMetrics (no gauge shares a name with a
 //! counter's `_total` stem).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -16,12 +16,14 @@ use http::Method;
 use crate::worker::WorkerId;
 
 mod auth;
+mod compact;
 mod family;
 mod session;
 mod shiny;
 mod trace;
 pub use auth::{AuthCounts, AuthResult};
 pub use family::Histogram;
+use compact::{Counts, Repeat, Runs};
 use family::{header, BUCKETS, LONG_BUCKETS};
 pub use session::{SessionLength, SessionUse};
 pub use shiny::{Reconnects, SessionEnd};
@@ -140,7 +142,7 @@ fn quantile(deltas: &[u64; BUCKETS.len()], total: u64, q: f64) -> Option<f64> {
 }
 
 /// One second of the dashboard's history.
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct Point {
     #[serde(rename = "t")]
     pub unix: u64,
@@ -170,10 +172,22 @@ pub struct Recent {
     pub p99: Option<f64>,
 }
 
+/// A second repeats the one before when it is the next second and nothing changed
+/// (an idle app's history is one run).
+impl Repeat for Point {
+    fn repeats(&self, n: usize, next: &Self) -> bool {
+        next.unix == self.unix + n as u64 && Point { unix: self.unix, ..*next } == *self
+    }
+
+    fn nth(&self, i: usize) -> Self {
+        Point { unix: self.unix + i as u64, ..*self }
+    }
+}
+
 struct History {
-    points: VecDeque<Point>,
+    points: Runs<Point>,
     /// The histogram's buckets at each of the last `RECENT` + 1 ticks.
-    window: VecDeque<[u64; BUCKETS.len()]>,
+    window: Runs<[u64; BUCKETS.len()]>,
     last_total: u64,
     last_errors: u64,
     last_buckets: [u64; BUCKETS.len()],
@@ -226,7 +240,8 @@ impl Gauges {
 /// One app's counters, histograms and history.
 pub struct AppMetrics {
     pub name: String,
-    requests: Box<[AtomicU64]>,
+    /// Requests by method and status (`method * STATUSES + status`).
+    requests: Counts,
     pub request_duration: Histogram,
     pub queue_wait: Histogram,
     pub spawn_duration: Histogram,
@@ -307,7 +322,7 @@ impl AppMetrics {
     fn with_usage(name: &str, usage: Arc<crate::usage::Usage>) -> Self {
         AppMetrics {
             name: name.to_string(),
-            requests: (0..METHODS.len() * STATUSES).map(|_| AtomicU64::new(0)).collect(),
+            requests: Counts::default(),
             request_duration: Histogram::new(),
             queue_wait: Histogram::new(),
             spawn_duration: Histogram::new(),
@@ -324,8 +339,8 @@ impl AppMetrics {
             memory_limit_errors: AtomicU64::new(0),
             pending: Mutex::new(BTreeMap::new()),
             history: Mutex::new(History {
-                points: VecDeque::with_capacity(HISTORY),
-                window: VecDeque::with_capacity(RECENT + 1),
+                points: Runs::new(HISTORY),
+                window: Runs::new(RECENT + 1),
                 last_total: 0,
                 last_errors: 0,
                 last_buckets: [0; BUCKETS.len()],
@@ -335,7 +350,7 @@ impl AppMetrics {
 
     pub fn request(&self, method: &Method, status: u16, took: Duration) {
         let s = usize::from(status).min(STATUSES - 1);
-        self.requests[method_index(method) * STATUSES + s].fetch_add(1, Relaxed);
+        self.requests.add((method_index(method) * STATUSES + s) as u32);
         if s >= 500 {
             self.errors.fetch_add(1, Relaxed);
         }
@@ -405,14 +420,8 @@ impl AppMetrics {
         h.last_total = total;
         h.last_errors = errors;
         h.last_buckets = buckets;
-        if h.points.len() == HISTORY {
-            h.points.pop_front();
-        }
-        h.points.push_back(point);
-        if h.window.len() > RECENT {
-            h.window.pop_front();
-        }
-        h.window.push_back(buckets);
+        h.points.push(point);
+        h.window.push(buckets);
     }
 
     /// The last `RECENT` seconds (fewer just after start): requests, 5xx
@@ -438,7 +447,7 @@ impl AppMetrics {
     }
 
     pub fn history(&self) -> Vec<Point> {
-        self.history.lock().unwrap_or_else(|p| p.into_inner()).points.iter().copied().collect()
+        self.history.lock().unwrap_or_else(|p| p.into_inner()).points.iter().collect()
     }
 }
 
@@ -485,17 +494,9 @@ impl Registry {
 
         header(&mut out, "valve_requests_total", "counter", "Requests answered, by app, method and status.");
         for a in &apps {
-            for (m, method) in METHODS.iter().enumerate() {
-                for s in 0..STATUSES {
-                    let n = a.requests[m * STATUSES + s].load(Relaxed);
-                    if n > 0 {
-                        let _ = writeln!(
-                            out,
-                            "valve_requests_total{{app=\"{}\",method=\"{method}\",status=\"{s}\"}} {n}",
-                            a.name
-                        );
-                    }
-                }
+            for (key, n) in a.requests.snapshot() {
+                let (method, s) = (METHODS[key as usize / STATUSES], key as usize % STATUSES);
+                let _ = writeln!(out, "valve_requests_total{{app=\"{}\",method=\"{method}\",status=\"{s}\"}} {n}", a.name);
             }
         }
         /// A histogram family: its name, its help, and where an app keeps it.

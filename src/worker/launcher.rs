@@ -57,7 +57,7 @@ impl RLauncher {
         let warm = warm.filter(|z| !preload && spec.app.preloadable() && z.r_bin() == spec.r_bin);
         Ok(RLauncher {
             spec: Arc::new(spec),
-            spawner: Spawner::new()?,
+            spawner: Spawner::shared()?,
             forks: preload.then(fork::ForkServer::new),
             warm,
             fresh: Arc::new(StdMutex::new(None)),

@@ -36,7 +36,7 @@ pub async fn installed(spec: &Spec, names: &[String], timeout: Duration) -> Resu
 }
 
 async fn ask(spec: &Spec, list: &std::path::Path, timeout: Duration) -> Result<Installed, StartError> {
-    let spawner = Spawner::new().map_err(StartError::Io)?;
+    let spawner = Spawner::shared().map_err(StartError::Io)?;
     let mut cmd = spec.command("packages").map_err(StartError::Io)?;
     cmd.env("VALVE_PACKAGES", list).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let (child, _own) = spawner.spawn(&spec.r_bin, cmd).await?;

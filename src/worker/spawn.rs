@@ -345,24 +345,42 @@ impl Spec {
     }
 }
 
-/// A command for the spawner thread, and where to send the child.
-type SpawnJob = (Launchable, oneshot::Sender<(Launchable, io::Result<(Child, reap::Own)>)>);
+/// A command for the spawner thread, the runtime its child belongs to, and
+/// where to send the child.
+type SpawnJob = (Launchable, tokio::runtime::Handle, oneshot::Sender<(Launchable, io::Result<(Child, reap::Own)>)>);
+
+/// The process's one spawner, started on first use and never stopped.
+static SHARED: std::sync::OnceLock<Spawner> = std::sync::OnceLock::new();
 
 /// Starts processes from one long-lived thread. Linux delivers the parent-death
 /// signal when the *thread* that forked a child exits, so children must not be
-/// forked from threads that come and go (tokio's blocking pool).
+/// forked from threads that come and go (tokio's blocking pool). One thread
+/// serves the whole process, every app and generation alike: valve's threads
+/// do not grow with its apps, and the thread lives as long as valve (the
+/// static below holds its channel open), so no child is killed early.
 #[derive(Clone, Debug)]
 pub(super) struct Spawner {
     jobs: std::sync::mpsc::Sender<SpawnJob>,
 }
 
 impl Spawner {
-    pub(super) fn new() -> io::Result<Self> {
-        let handle = tokio::runtime::Handle::current();
+    /// The process's spawner (its thread is started the first time).
+    pub(super) fn shared() -> io::Result<Self> {
+        if let Some(spawner) = SHARED.get() {
+            return Ok(spawner.clone());
+        }
+        // Two callers racing here both start a thread; the loser's is dropped
+        // before it forked anything, and its thread ends with its channel.
+        let spawner = Spawner::start()?;
+        Ok(SHARED.get_or_init(|| spawner).clone())
+    }
+
+    fn start() -> io::Result<Self> {
         let (jobs, rx) = std::sync::mpsc::channel::<SpawnJob>();
         std::thread::Builder::new().name("valve-spawner".into()).spawn(move || {
-            let _runtime = handle.enter();
-            for (mut cmd, reply) in rx {
+            for (mut cmd, runtime, reply) in rx {
+                // The child is watched by the runtime of whoever asked (tests run several).
+                let _runtime = runtime.enter();
                 let spawned = reap::spawn(&mut cmd.cmd);
                 let _ = reply.send((cmd, spawned));
             }
@@ -375,7 +393,8 @@ impl Spawner {
     pub(super) async fn spawn(&self, r_bin: &Path, cmd: Launchable) -> Result<(Child, reap::Own), StartError> {
         let (tx, rx) = oneshot::channel();
         let gone = || StartError::Io(io::Error::other("spawner thread is gone"));
-        self.jobs.send((cmd, tx)).map_err(|_| gone())?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|e| StartError::Io(io::Error::other(e)))?;
+        self.jobs.send((cmd, runtime, tx)).map_err(|_| gone())?;
         let (cmd, spawned) = rx.await.map_err(|_| gone())?;
         if let (Err(error), Some(step)) = (&spawned, cmd.failed_step()) {
             return Err(StartError::Sandbox { step, error: io::Error::new(error.kind(), error.to_string()) });

@@ -201,6 +201,37 @@ async fn workers_are_recycled_after_max_requests() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_recycled_worker_serves_until_its_replacement_answers_so_no_request_waits() {
+    // Room for a replacement (n_max 2): a worker past its share serves on
+    // while the next one starts, and takes nothing once that one answers.
+    let valve = Valve::start(&["-f", &api(), "-n", "2", "--n-min", "1", "--max-requests", "10", "--no-access-log"]);
+    let replaced = "its replacement answers, and it takes no more requests";
+    let mut pids = Vec::new();
+    let began = Instant::now();
+    while valve.log().matches(replaced).count() < 2 {
+        assert!(began.elapsed() < Duration::from_secs(120), "two workers replaced: {pids:?}\n{}", valve.log());
+        let resp = client().get(valve.get("/pid")).send().await.unwrap();
+        assert_eq!(resp.status(), 200, "no request fails");
+        pids.push(resp.json::<serde_json::Value>().await.unwrap()["pid"][0].as_u64().unwrap());
+        // A steady client, not a flood: the replacement has time to start.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The next request goes to the second replacement.
+    let resp = client().get(valve.get("/pid")).send().await.unwrap();
+    pids.push(resp.json::<serde_json::Value>().await.unwrap()["pid"][0].as_u64().unwrap());
+    let mut runs = pids.clone();
+    runs.dedup();
+    let distinct: std::collections::BTreeSet<_> = runs.iter().collect();
+    assert!(runs.len() >= 3, "three workers in turn: {runs:?}");
+    assert_eq!(distinct.len(), runs.len(), "a replaced worker never serves again: {pids:?}");
+    assert!(valve.log().contains("starting worker: replacing one past its limit"));
+    // Every request found a worker at once: none waited in the queue for a start.
+    let metrics = client().get(valve.admin("/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
+    let waited: Vec<&str> = metrics.lines().filter(|l| l.starts_with("valve_queue_wait_seconds_sum")).collect();
+    assert!(!waited.is_empty() && waited.iter().all(|l| l.ends_with(" 0")), "no wait: {waited:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn workers_are_recycled_when_they_grow_past_max_worker_memory() {
     let valve = Valve::start(&["-f", &api(), "-n", "1", "--max-worker-memory", "300MB"]);
     let small = pid_of(&valve).await;

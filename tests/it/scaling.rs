@@ -92,3 +92,68 @@ async fn worker_output_reaches_the_log_with_its_id() {
     let line = valve.log().lines().find(|l| l.contains("stderr-marker: m42")).unwrap().to_string();
     assert!(line.contains("worker=1"), "{line}");
 }
+
+/// valve's threads now (`/proc/PID/task`).
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0)
+}
+
+/// A site of `n` plumber APIs, the last with a name too long for a table.
+fn site_of(n: usize) -> tempfile::TempDir {
+    let site = tempfile::tempdir().unwrap();
+    for i in 1..=n {
+        let name = if i == n && n > 1 {
+            "a-very-long-application-name-for-the-quarterly-sales-dashboard-2024".to_string()
+        } else {
+            format!("api{i}")
+        };
+        std::fs::create_dir(site.path().join(&name)).unwrap();
+        std::fs::write(site.path().join(&name).join("plumber.R"), "#* @get /echo\nfunction(msg = '') list(msg = msg)\n")
+            .unwrap();
+    }
+    site
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_hundred_apps_scaled_to_zero_take_no_thread_each_and_check_lists_them_readably() {
+    let (one, many) = (site_of(1), site_of(200));
+    let flags = |site: &tempfile::TempDir| {
+        vec!["--site".to_string(), site.path().to_str().unwrap().to_string(), "--n-min".into(), "0".into()]
+    };
+
+    // --check: a short summary line, a row per app within a terminal's width, counts by kind.
+    let out = std::process::Command::new(crate::harness::valve_bin())
+        .args(flags(&many))
+        .arg("--check")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = said.lines().collect();
+    assert!(lines[0].contains("200 app(s)") && lines[0].chars().count() < 120, "one short summary: {}", lines[0]);
+    let rows: Vec<&str> = lines.iter().copied().filter(|l| l.contains("plumber-dir  0-3")).collect();
+    assert_eq!(rows.len(), 200, "a row per app:\n{said}");
+    assert!(lines.iter().all(|l| l.chars().count() <= 160), "every line fits a terminal:\n{said}");
+    let long = rows.iter().find(|r| r.contains('…')).expect("the long name, shortened");
+    assert!(long.contains("a-very-long-ap") && long.contains("dashboard-2024"), "both ends kept: {long}");
+    assert!(said.contains("200 apps: 200 plumber-dir; 0 R workers at start"), "{said}");
+
+    // Threads: one app's, plus at most 4, for 200 apps that run no R.
+    let mut args: Vec<String> = flags(&one);
+    args.extend(["-w", "2", "--no-access-log"].map(String::from));
+    let small = Valve::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut args: Vec<String> = flags(&many);
+    args.extend(["-w", "2", "--no-access-log"].map(String::from));
+    let big = Valve::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(big.ready["apps"].as_array().map(Vec::len), Some(200));
+    assert!(big.r_processes().is_empty(), "scaled to zero: no R");
+    // Threads tokio's blocking pool started for the start-up's file reads end when idle.
+    wait_until("valve's threads for 200 apps to be one app's + 4 at most", Duration::from_secs(30), || {
+        threads(big.pid()) <= threads(small.pid()) + 4
+    });
+    let first = client().get(big.get("/api7/echo?msg=x")).send().await.unwrap();
+    assert_eq!(first.status(), 200, "an app of the 200 starts on its first request");
+    wait_until("still one app's threads + 4 with one worker started", Duration::from_secs(30), || {
+        threads(big.pid()) <= threads(small.pid()) + 4
+    });
+}

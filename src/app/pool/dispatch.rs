@@ -1,12 +1,13 @@
 //! The queue and the hand-over: which worker takes a request (the most
 //! recently used idle one, else the one waiting on the fewest promises), the
 //! FIFO queue of waiters, a worker coming back (to the next waiter, idle or
-//! waiting, or retired past its share or its memory, once its promises
-//! settle), retiring, and winding a generation down.
+//! waiting; past its share or its memory, serving on while its replacement
+//! starts, or retired once its promises settle), retiring, and winding a
+//! generation down.
 
 use std::time::Instant;
 
-use super::{Done, Pool, Release, Retire, State, WorkerId};
+use super::{Done, Pool, Recycle, Release, Retire, State, WorkerId};
 
 impl<W> Pool<W> {
     /// Takes a worker for a request, if one is free: the most recently used
@@ -97,23 +98,26 @@ impl<W> Pool<W> {
         }
     }
 
-    /// Where a worker whose R is free goes: retired (past its share or its
-    /// memory, or its generation winding down; once its requests waiting on
-    /// promises settle), to the next waiter, or idle (waiting, if it holds
-    /// such requests).
+    /// Where a worker whose R is free goes: retired (its replacement
+    /// answers, or past its share or its memory without a place for a
+    /// replacement, or its generation winding down; once its requests
+    /// waiting on promises settle), to the next waiter, or idle (waiting, if
+    /// it holds such requests). Past a limit with a place for a replacement,
+    /// it serves on while that starts (`recycle`).
     fn free(&mut self, id: WorkerId, waiting: impl Fn(&W) -> bool) -> Release<W> {
         let max_pending = self.limits.max_pending;
+        let Some(slot) = self.slots.get(&id) else {
+            return Release::Gone;
+        };
+        let past = match slot.recycle {
+            Some(Recycle::Done(reason)) => Some(reason),
+            Some(_) => None,
+            None => slot.past_limit().filter(|reason| !self.recycle_first(id, *reason)),
+        };
         let Some(slot) = self.slots.get_mut(&id) else {
             return Release::Gone;
         };
-        let retire = if slot.over_memory {
-            Some(Retire::Memory)
-        } else if slot.limit.is_some_and(|limit| slot.served >= limit) {
-            Some(Retire::Requests)
-        } else {
-            None
-        };
-        if let Some(reason) = retire {
+        if let Some(reason) = past {
             return Self::stop_when_settled(slot, reason);
         }
         if slot.parked == 0 || slot.parked < max_pending {

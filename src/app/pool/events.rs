@@ -39,6 +39,10 @@ pub enum Event {
     Tick { prune: bool },
     /// This generation is being replaced or removed.
     WindDown,
+    /// The worker budget across apps is spent and no place will come free
+    /// (no worker is stopping, no other app's idle one can give way): what
+    /// the pool wants cannot start now.
+    NoRoom,
     /// The app stops: every worker goes, and waiters are turned away.
     Close,
 }
@@ -67,6 +71,8 @@ pub enum Note {
     Pruned,
     /// An idle worker whose memory sample passed `--max-worker-memory`.
     OverMemory,
+    /// A worker past a limit whose replacement answers now.
+    Replaced,
 }
 
 /// What should happen, for the executor to carry out.
@@ -83,6 +89,10 @@ pub enum Effect<W> {
     Wake,
     /// Turn this waiter away: the app is stopping.
     Dismiss(W),
+    /// The pool wants more workers than it has now (a worker past a limit
+    /// waits for its replacement, or began to drain): grow it as far as the
+    /// worker budget allows.
+    Grow,
 }
 
 impl<W> Pool<W> {
@@ -96,9 +106,13 @@ impl<W> Pool<W> {
         waiting: impl Fn(&W) -> bool,
     ) -> Vec<Effect<W>> {
         let mut out = Vec::new();
+        let leaving = self.leaving();
         match event {
             Event::Ready(id) => {
                 self.came_back(id, now, Done::Ready, &waiting, &mut out);
+                if let Some((old, reason)) = self.relieve(id) {
+                    out.push(Effect::Retire { worker: old, reason, note: Note::Replaced });
+                }
                 out.push(Effect::Wake);
             }
             Event::Completed(id) => self.came_back(id, now, Done::Completed, &waiting, &mut out),
@@ -149,6 +163,11 @@ impl<W> Pool<W> {
                 }
                 out.push(Effect::Wake);
             }
+            Event::NoRoom => {
+                for (id, reason) in self.no_room() {
+                    out.push(Effect::Retire { worker: id, reason, note: Note::Served });
+                }
+            }
             Event::Close => {
                 for id in self.retire_all() {
                     out.push(Effect::Retire { worker: id, reason: Retire::Shutdown, note: Note::Silent });
@@ -157,7 +176,17 @@ impl<W> Pool<W> {
                 out.push(Effect::Wake);
             }
         }
+        // A worker began to leave (past a limit, serving on; draining) but
+        // holds its place in the budget: its replacement may start now.
+        if self.leaving() > leaving && !self.winding_down {
+            out.push(Effect::Grow);
+        }
         out
+    }
+
+    /// Workers past a limit that wait for a replacement, and draining ones.
+    fn leaving(&self) -> usize {
+        self.unreplaced() + self.count(super::State::Draining)
     }
 
     /// A worker came back: to the next waiter, idle, or retired.
@@ -240,7 +269,7 @@ mod tests {
     }
 
     #[test]
-    fn memory_over_the_limit_retires_an_idle_worker_now_and_a_busy_one_as_it_comes_back() {
+    fn memory_over_the_limit_retires_an_idle_worker_now_and_a_busy_one_serves_on_until_replaced() {
         let (mut p, t0, ids) = pool(2, 2);
         feed(&mut p, t0, Event::Ready(ids[0]));
         feed(&mut p, t0, Event::Ready(ids[1]));
@@ -251,10 +280,9 @@ mod tests {
             vec![Effect::Retire { worker: idle, reason: Retire::Memory, note: Note::OverMemory }]
         );
         assert_eq!(feed(&mut p, t0, Event::Memory(busy, 2000)), vec![]);
-        assert_eq!(
-            feed(&mut p, t0, Event::Completed(busy)),
-            vec![Effect::Retire { worker: busy, reason: Retire::Memory, note: Note::Served }]
-        );
+        // The idle one's place under n_max is free: the busy one serves on
+        // while a replacement starts there (see `recycle`).
+        assert_eq!(feed(&mut p, t0, Event::Completed(busy)), vec![Effect::Grow]);
     }
 
     #[test]
@@ -295,7 +323,7 @@ mod tests {
         // A Shiny worker past its memory drains, then stops once quiet.
         let shiny = *ids.iter().chain(&extra).find(|id| p.slot(**id).unwrap().state == State::Idle).unwrap();
         p.session_opened(shiny, t3, None);
-        assert_eq!(feed(&mut p, t3, Event::Memory(shiny, 5000)), vec![]);
+        assert_eq!(feed(&mut p, t3, Event::Memory(shiny, 5000)), vec![Effect::Grow], "its replacement may start");
         assert_eq!(p.slot(shiny).unwrap().state, State::Draining);
         assert_eq!(feed(&mut p, t3, Event::SessionClosed(shiny)), vec![Effect::Wake]);
         let quiet = t3 + TIMERS.drain_quiet;
@@ -405,10 +433,15 @@ mod tests {
 
     #[test]
     fn recycling_and_winding_down_wait_for_pending_promises() {
-        let (mut p, t0, ids) = with_pending(1, 2, 4, Some(1));
+        // n_max 1: no place for a replacement to start first (see `recycle`).
+        let (mut p, t0, ids) = with_pending(1, 1, 4, Some(1));
         let w = ids[0];
         assert_eq!(p.checkout(), Some(w));
-        assert_eq!(feed(&mut p, t0, Event::Parked(w)), vec![], "past its share, it stops once its promise settles");
+        assert_eq!(
+            feed(&mut p, t0, Event::Parked(w)),
+            vec![Effect::Grow],
+            "past its share, it stops once its promise settles; its replacement may start"
+        );
         assert_eq!(p.slot(w).unwrap().state, State::Draining);
         assert_eq!(p.checkout(), None, "a settling worker takes nothing");
         let quiet = t0 + TIMERS.drain_quiet * 2;

@@ -32,7 +32,8 @@ impl<W> Pool<W> {
     }
 
     /// How many workers the pool would start now if the budget allowed: enough
-    /// for `n_min`, and one per waiter not covered by workers already starting,
+    /// for `n_min`, one per waiter not covered by workers already starting,
+    /// and a replacement for each worker past a limit that waits for one,
     /// never above `n_max`.
     pub fn wants(&self) -> usize {
         let live = self.live();
@@ -43,14 +44,14 @@ impl<W> Pool<W> {
         let browsers = if self.winding_down { 0 } else { self.session_demand };
         let waiting = self.queue.len() + browsers;
         let for_queue = waiting.saturating_sub(starting);
-        for_min.max(for_queue).min(self.limits.n_max.saturating_sub(live))
+        (for_min.max(for_queue) + self.unreplaced()).min(self.limits.n_max.saturating_sub(live))
     }
 
     /// Starts up to `room` of the workers the pool wants (the budget across
-    /// apps says how many it may).
+    /// apps says how many it may); replacements of workers past a limit first.
     pub fn grow(&mut self, now: Instant, room: usize) -> Start {
         let n = self.wants().min(room);
-        let ids = (0..n)
+        let ids: Vec<WorkerId> = (0..n)
             .map(|_| {
                 let id = self.ids.next();
                 let limit = self.limits.max_requests.map(|n| jittered(n, id));
@@ -58,6 +59,7 @@ impl<W> Pool<W> {
                 id
             })
             .collect();
+        self.assign_replacements(&ids);
         Start { ids, delay: self.backoff(now) }
     }
 
@@ -66,6 +68,7 @@ impl<W> Pool<W> {
     /// ready without having done anything, unless valve stopped it.
     pub fn exited(&mut self, id: WorkerId, now: Instant) {
         let Some(slot) = self.slots.remove(&id) else { return };
+        self.replacement_gone(id);
         let planned = slot.retired.is_some_and(Retire::gentle);
         let early = slot.ready_at.is_none_or(|t| now.duration_since(t) < CRASH_WINDOW);
         if !planned && !slot.proven && early {

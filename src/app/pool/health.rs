@@ -6,20 +6,25 @@ use std::time::{Duration, Instant};
 use super::{Pool, Retire, State, WorkerId};
 
 impl<W> Pool<W> {
-    /// A memory sample. A worker past the limit is retired now if idle, after
-    /// its request if busy, or drained (Shiny, with sessions; plumber, with
-    /// requests waiting on promises).
+    /// A memory sample. A worker past the limit serves on while its
+    /// replacement starts when it can have one (`recycle`), else is retired
+    /// now if idle; it is retired after its request if busy, or drained
+    /// (Shiny, with sessions; plumber, with requests waiting on promises and
+    /// no place for a replacement).
     pub fn sampled(&mut self, id: WorkerId, bytes: u64) -> Option<Retire> {
         let over = self.limits.max_memory.is_some_and(|max| bytes > max);
         let slot = self.slots.get_mut(&id)?;
         slot.memory = Some(bytes);
-        if !over {
+        if !over || slot.recycle.is_some() {
             return None;
         }
+        let plain = slot.sessions == 0 && slot.pending.is_empty();
+        if plain && matches!(slot.state, State::Idle | State::Waiting) && self.recycle_first(id, Retire::Memory) {
+            return None;
+        }
+        let slot = self.slots.get_mut(&id)?;
         match slot.state {
-            State::Idle if slot.sessions == 0 && slot.pending.is_empty() => {
-                self.retire(id, Retire::Memory).then_some(Retire::Memory)
-            }
+            State::Idle if plain => self.retire(id, Retire::Memory).then_some(Retire::Memory),
             State::Idle | State::Waiting => {
                 slot.state = State::Draining;
                 slot.retired = Some(Retire::Memory);

@@ -15,6 +15,7 @@
 //!   workers back, retiring, winding a generation down;
 //! - `growth`: how many workers to start, crash-loop backoff, pruning, the
 //!   spare worker another app may take;
+//! - `recycle`: a worker past a limit serves on until its replacement answers;
 //! - `health`: memory limits and liveness probes;
 //! - `shiny`: placing browsers on workers (by session count and whether R
 //!   is busy, from the CPU samples fed in), sessions, draining.
@@ -30,6 +31,7 @@ mod dispatch;
 mod events;
 mod growth;
 mod health;
+mod recycle;
 mod shiny;
 #[cfg(test)]
 mod tests;
@@ -98,6 +100,29 @@ pub enum Retire {
     Shutdown,
 }
 
+/// A worker past `--max-requests` or `--max-worker-memory` and its
+/// replacement: it serves on while its replacement starts, and stops taking
+/// requests once the replacement answers (see `recycle`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recycle {
+    /// Its replacement is wanted: none started yet, or the last failed to start.
+    Wanted(Retire),
+    /// Its replacement (this worker) is starting.
+    Starting(Retire, WorkerId),
+    /// Its replacement answers, or none can start: it takes nothing more and stops once free.
+    Done(Retire),
+}
+
+impl Recycle {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Recycle::Wanted(_) => "replacement wanted",
+            Recycle::Starting(..) => "replacement starting",
+            Recycle::Done(_) => "replaced",
+        }
+    }
+}
+
 impl Retire {
     /// Whether the worker gets SIGTERM and time to finish (a planned stop), or SIGKILL.
     pub fn gentle(self) -> bool {
@@ -146,6 +171,8 @@ pub struct Slot {
     pub over_memory: bool,
     /// Why it is stopping, once it is.
     pub retired: Option<Retire>,
+    /// Past a limit, serving on until its replacement answers.
+    pub recycle: Option<Recycle>,
     /// Shiny sessions the worker holds (open WebSockets). A worker with
     /// sessions is never pruned.
     pub sessions: usize,
@@ -175,9 +202,10 @@ pub struct Pending {
 
 impl Slot {
     /// Whether a new Shiny session may go to the worker: it serves (a liveness
-    /// probe does not hold it) and is not draining.
+    /// probe does not hold it), is not draining and is not past a limit (a
+    /// session would keep it for its whole length).
     fn takes_sessions(&self) -> bool {
-        matches!(self.state, State::Idle | State::Probing)
+        matches!(self.state, State::Idle | State::Probing) && self.recycle.is_none()
     }
 
     fn new(now: Instant, limit: Option<u64>) -> Self {
@@ -193,6 +221,7 @@ impl Slot {
             memory: None,
             over_memory: false,
             retired: None,
+            recycle: None,
             sessions: 0,
             in_flight: 0,
             pending: VecDeque::new(),

@@ -250,7 +250,10 @@ fn memory_past_the_limit_retires_idle_at_once_busy_after_its_request() {
     let idle = *ids.iter().find(|id| **id != busy).unwrap();
     assert_eq!(p.sampled(idle, 2000), Some(Retire::Memory), "an idle worker goes now");
     assert_eq!(p.sampled(busy, 2000), None, "a busy one finishes first");
-    assert!(matches!(p.release(busy, now, Done::Completed, ALL), Release::Retire(Retire::Memory)));
+    // The idle one's place under n_max is free: the busy one serves on while
+    // its replacement starts there (see `recycle`).
+    assert!(matches!(p.release(busy, now, Done::Completed, ALL), Release::Idle));
+    assert_eq!(p.slot(busy).unwrap().recycle, Some(super::Recycle::Wanted(Retire::Memory)));
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! What the executor does once the fleet's lock is released: starting
-//! workers, liveness probes, waking browsers that wait for a place, and
-//! turning waiters away. Collected under the lock, run after it.
+//! workers, liveness probes, waking browsers that wait for a place, turning
+//! waiters away, and growing a pool that asked to. Collected under the lock,
+//! run after it.
 
 use std::sync::Arc;
 
@@ -27,6 +28,8 @@ pub(super) struct After {
     pub(super) wake: Vec<Arc<Supervisor>>,
     /// Waiters turned away (dropping them answers "shutting down").
     pub(super) dismissed: Vec<Waiter>,
+    /// Apps whose pool wants more workers (a replacement): grown within the budget.
+    pub(super) grow: Vec<Arc<Supervisor>>,
 }
 
 impl After {
@@ -41,6 +44,9 @@ impl After {
         }
         for Probe { sup, worker, conn, connector } in self.probes {
             tokio::spawn(sup.liveness(worker, conn, connector));
+        }
+        for sup in self.grow {
+            sup.grow_now();
         }
     }
 }

@@ -94,6 +94,11 @@ impl Supervisor {
                 }
             }
             Effect::Dismiss(waiter) => after.dismissed.push(waiter),
+            Effect::Grow => {
+                if !after.grow.iter().any(|s| Arc::ptr_eq(s, self)) {
+                    after.grow.push(self.clone());
+                }
+            }
         }
     }
 
@@ -104,6 +109,10 @@ impl Supervisor {
         let limit_mb = self.settings.limits.max_memory.unwrap_or(0) >> 20;
         match (note, reason) {
             (Note::Silent, _) => {}
+            (Note::Replaced, _) => tracing::info!(
+                app = %name, worker = id, pid, reason = crate::metrics::ExitReason::from(reason).as_str(),
+                "stopping worker: its replacement answers, and it takes no more requests"
+            ),
             (Note::Drained, _) => {
                 tracing::info!(app = %name, worker = id, "stopping worker: drained, its last session ended")
             }

@@ -87,7 +87,9 @@ impl Fleet {
         }
         let start = app.pool.grow(now, room);
         let short = app.pool.wants();
+        let unreplaced = app.pool.unreplaced();
         let Some(sup) = app.sup.upgrade() else { return };
+        let mut making_room = false;
         // Stopping workers will free their places: only take more for what they do not cover.
         if short > freeing {
             let spares = f.apps.iter().filter_map(|(k, a)| {
@@ -97,6 +99,7 @@ impl Fleet {
                 if let Some(other) = f.apps.get_mut(&victim.app) {
                     if let Some(owner) = other.sup.upgrade() {
                         if owner.feed(other, Event::Retire(victim.worker, Retire::Budget), after) {
+                            making_room = true;
                             tracing::info!(
                                 worker = victim.worker,
                                 app = %owner.settings.name,
@@ -106,6 +109,21 @@ impl Fleet {
                             );
                         }
                     }
+                }
+            }
+        }
+        // Workers past a limit wait for a replacement while a place may come;
+        // when none will, the pool hears so (they stop first instead).
+        if unreplaced > 0 && freeing == 0 && !making_room {
+            if let Some(app) = f.apps.get_mut(&key) {
+                sup.feed(app, Event::NoRoom, after);
+            }
+        }
+        if let Some(app) = f.apps.get(&key) {
+            for id in &start.ids {
+                if let Some(old) = app.pool.replaces(*id) {
+                    tracing::info!(app = %sup.settings.name, worker = id, replaces = old,
+                        "starting worker: replacing one past its limit, which serves until this one answers");
                 }
             }
         }

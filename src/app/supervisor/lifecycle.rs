@@ -43,6 +43,14 @@ impl Supervisor {
         Ok(())
     }
 
+    /// Grows the app as far as its pool wants and the budget allows (the
+    /// pool asked: a worker past a limit waits for its replacement).
+    pub(super) fn grow_now(self: &Arc<Self>) {
+        if let Some((_, after)) = self.with_growth(|_, _| ()) {
+            after.run();
+        }
+    }
+
     /// Changes the app's `n_min` and starts what that calls for.
     pub fn set_n_min(self: &Arc<Self>, n_min: usize) {
         if let Some((_, after)) = self.with_growth(|app, _| app.pool.set_n_min(n_min)) {

@@ -108,6 +108,8 @@ impl Supervisor {
         // Past this, a busy worker with room will do (the pool decides); look again then.
         let patience = began + BUSY_PATIENCE;
         let mut counted = false;
+        // A worker that has now served its share drains: its replacement may start at once.
+        let mut drained = false;
         let result = loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -121,14 +123,15 @@ impl Supervisor {
                 }
                 let now = now();
                 if let Some((id, token)) = wanted {
-                    if app.pool.touch(id, now, Some(token)).is_some() {
+                    if let Some(spent) = app.pool.touch(id, now, Some(token)) {
+                        drained |= spent;
                         if let Some(sticky) = sticky_for(self, app, id, false, token) {
                             break Ok(sticky);
                         }
                     }
                 }
                 if let Some(id) = app.pool.pick_for_session(now, token, began.elapsed()) {
-                    app.pool.touch(id, now, None);
+                    drained |= app.pool.touch(id, now, None) == Some(true);
                     if let Some(sticky) = sticky_for(self, app, id, true, token) {
                         break Ok(sticky);
                     }
@@ -166,6 +169,9 @@ impl Supervisor {
         };
         if counted {
             self.with(|app| app.pool.session_served());
+        }
+        if drained {
+            self.grow_now();
         }
         result
     }

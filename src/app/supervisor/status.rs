@@ -29,6 +29,9 @@ pub struct WorkerStatus {
     pub cpu: Option<f64>,
     /// Shiny: the signed-in users of its open sessions (one entry per session, sorted).
     pub users: Vec<String>,
+    /// Past a limit: "replacement wanted", "replacement starting" (it serves
+    /// on meanwhile) or "replaced" (it takes nothing more).
+    pub recycle: Option<&'static str>,
 }
 
 /// What `/__valve__/status` shows of one app's pool.
@@ -104,6 +107,7 @@ impl Supervisor {
                             u.sort();
                             u
                         },
+                        recycle: slot.recycle.map(|r| r.as_str()),
                     }
                 })
                 .collect();

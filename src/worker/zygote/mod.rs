@@ -73,7 +73,7 @@ pub struct Zygotes {
 impl Zygotes {
     /// Must be called inside the runtime that will own the parents.
     pub fn new(run_dir: Arc<tempfile::TempDir>, packages: Vec<String>) -> io::Result<Arc<Zygotes>> {
-        Ok(Arc::new(Zygotes { packages, run_dir, spawner: Spawner::new()?, parents: StdMutex::new(BTreeMap::new()) }))
+        Ok(Arc::new(Zygotes { packages, run_dir, spawner: Spawner::shared()?, parents: StdMutex::new(BTreeMap::new()) }))
     }
 
     /// The warm parent for `r_bin`, starting it in the background if new.
