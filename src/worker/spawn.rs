@@ -32,6 +32,11 @@ const LAUNCHER: &str = include_str!("launcher.R");
 /// The frames request loop the launcher sources (bench/r-loop measured it).
 const LOOP: &str = include_str!("loop.R");
 
+/// The warm parent's R code, and the C executor of an app's sandbox its
+/// forks run (built by build.rs; also the forks' lifeline).
+const ZYGOTE: &str = include_str!("zygote/zygote.R");
+const ENTER_LIB: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/valve_enter.so"));
+
 /// What valve adds to glibc's tunables in every R process it starts: malloc
 /// asks the kernel for transparent huge pages (honoured when the kernel's THP
 /// mode is `madvise`, the default of many distributions; a no-op under
@@ -93,11 +98,15 @@ pub fn run_dir() -> io::Result<Arc<tempfile::TempDir>> {
     let lib = sandbox::lib_dir(dir.path());
     std::fs::create_dir(&lib)?;
     std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o755))?;
-    for (name, text) in [("launcher.R", LAUNCHER), ("loop.R", LOOP)] {
-        std::fs::write(lib.join(name), text)?;
-        std::fs::set_permissions(lib.join(name), std::fs::Permissions::from_mode(0o644))?;
+    for (name, bytes, mode) in [
+        ("launcher.R", LAUNCHER.as_bytes(), 0o644),
+        ("loop.R", LOOP.as_bytes(), 0o644),
+        ("zygote.R", ZYGOTE.as_bytes(), 0o644),
+        ("valve_enter.so", ENTER_LIB, 0o755),
+    ] {
+        std::fs::write(lib.join(name), bytes)?;
+        std::fs::set_permissions(lib.join(name), std::fs::Permissions::from_mode(mode))?;
     }
-    super::zygote::write_files(&lib)?;
     Ok(Arc::new(dir))
 }
 

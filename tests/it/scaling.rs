@@ -146,7 +146,8 @@ async fn two_hundred_apps_scaled_to_zero_take_no_thread_each_and_check_lists_the
     args.extend(["-w", "2", "--no-access-log"].map(String::from));
     let big = Valve::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(big.ready["apps"].as_array().map(Vec::len), Some(200));
-    assert!(big.r_processes().is_empty(), "scaled to zero: no R");
+    assert!(big.workers().is_empty(), "scaled to zero: no worker");
+    assert!(big.r_processes().len() <= 1, "no R but the warm parent, shared by every app");
     // Threads tokio's blocking pool started for the start-up's file reads end when idle.
     wait_until("valve's threads for 200 apps to be one app's + 4 at most", Duration::from_secs(30), || {
         threads(big.pid()) <= threads(small.pid()) + 4

@@ -34,9 +34,6 @@ use super::process::{pid_of, Exit};
 use super::spawn::{Launchable, Spawner, Spec};
 use super::wire::WorkerId;
 
-/// The warm parent's R code, and its C executor of an app's sandbox.
-const ZYGOTE: &str = include_str!("zygote.R");
-const ENTER_LIB: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/valve_enter.so"));
 
 /// The least time between two starts of a parent that died.
 const RESTART_AFTER: Duration = Duration::from_secs(5);
@@ -45,14 +42,6 @@ const RESTART_AFTER: Duration = Duration::from_secs(5);
 pub const NEEDS_FRESH_R: i32 = 6;
 pub const SANDBOX_FAILED: i32 = 7;
 
-/// Writes the warm parent's files into valve's run directory (`lib/`).
-pub fn write_files(lib: &Path) -> io::Result<()> {
-    std::fs::write(lib.join("zygote.R"), ZYGOTE)?;
-    std::fs::set_permissions(lib.join("zygote.R"), std::fs::Permissions::from_mode(0o644))?;
-    std::fs::write(lib.join("valve_enter.so"), ENTER_LIB)?;
-    std::fs::set_permissions(lib.join("valve_enter.so"), std::fs::Permissions::from_mode(0o755))?;
-    Ok(())
-}
 
 /// What the warm parent is made of.
 #[derive(Clone, Debug, PartialEq, Eq)]
