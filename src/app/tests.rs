@@ -8,7 +8,7 @@ use std::time::Duration;
 use http_body_util::{BodyExt, Empty};
 
 use super::fake::{FakeLauncher, Plan};
-use super::pool::{Limits, Retire, BACKOFF_FIRST};
+use super::pool::{Limits, Retire, BACKOFF_FIRST, PENDING_FOR};
 use super::supervisor::{DRAIN_QUIET, KILL_AFTER, SETTLE_MAX};
 use super::{Fleet, Lease, Settings, Supervisor};
 use crate::metrics::AppMetrics;
@@ -266,6 +266,25 @@ async fn the_budget_moves_an_idle_worker_to_the_app_that_needs_it() {
     assert!(watch.await.unwrap() <= 2, "never more than the budget");
     let gone: Vec<_> = fake_a.workers.lock().unwrap().iter().filter(|w| !w.alive()).map(|w| w.signals()).collect();
     assert_eq!(gone, [vec![(Stop::Term, false)]]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_waiting_for_the_budget_gets_a_place_that_frees_by_time_alone() {
+    // A Shiny page whose browser never opens its session holds its worker
+    // for PENDING_FOR, then the worker is spare: no event says so, and a
+    // request of another app waiting for the budget must still get it.
+    let fleet = Fleet::new(1);
+    // (Not pruned meanwhile for want of use: that would free it too.)
+    let (a, fake_a) = app_in(&fleet, Settings { name: "a".into(), max_age: PENDING_FOR * 10, ..settings(0, 1) });
+    let (b, fake_b) = app_in(&fleet, Settings { name: "b".into(), queue_timeout: PENDING_FOR * 4, ..settings(0, 1) });
+    a.start().await.unwrap();
+    b.start().await.unwrap();
+    drop(a.sticky(None, 7).await.unwrap());
+    let began = tokio::time::Instant::now();
+    let mut lease = b.lease().await.expect("a place once the page's hold has passed");
+    assert!(tokio::time::Instant::now() - began >= PENDING_FOR, "not before");
+    call(&mut lease, "/pid").await.unwrap();
+    assert_eq!((fake_a.alive().len(), fake_b.alive().len()), (0, 1));
 }
 
 #[tokio::test(start_paused = true)]

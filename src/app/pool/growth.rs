@@ -99,7 +99,8 @@ impl<W> Pool<W> {
         }
         self.slots
             .iter()
-            .filter(|(_, s)| s.state == State::Idle && s.load(now) == 0)
+            // (An idle worker being probed is idle all the same.)
+            .filter(|(_, s)| matches!(s.state, State::Idle | State::Probing) && s.load(now) == 0)
             .min_by_key(|(id, s)| (s.last_used, **id))
             .map(|(id, s)| (*id, s.last_used))
     }

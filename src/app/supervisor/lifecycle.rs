@@ -136,6 +136,13 @@ impl Supervisor {
             let mut after = After::default();
             let gauges = {
                 let mut f = self.fleet.lock();
+                // Requests waiting for a place in the budget: another app's
+                // worker may have become spare by time alone (a Shiny page
+                // whose browser never opened its session), with no event.
+                // (Before the tick, which may start probing idle workers.)
+                if f.apps.get(&self.key).is_some_and(|a| !a.closing && a.pool.wants() > 0) {
+                    self.fleet.grow(&mut f, self.key, now, &mut after);
+                }
                 match f.apps.get_mut(&self.key) {
                     Some(app) if !app.closing => {
                         self.feed(app, Event::Tick { prune }, &mut after);
