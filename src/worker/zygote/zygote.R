@@ -47,6 +47,13 @@ local({
       sys.source(Sys.getenv("VALVE_LOOP"), envir = env, keep.source = FALSE)
       env$valve_warm_up(router)
       options(valve.frames_env = env)
+      # plumber's run() up to its server (the docs' set-up, hooks), as the
+      # launcher drives it, with httpuv's runServer a no-op for the while.
+      real <- httpuv::runServer
+      utils::assignInNamespace("runServer", function(host, port, app, interruptIntervalMs = NULL) invisible(NULL),
+                               ns = "httpuv")
+      try(router$run(host = "127.0.0.1", port = 1L, quiet = TRUE), silent = TRUE)
+      utils::assignInNamespace("runServer", real, ns = "httpuv")
       unlink(f)
     }
     if ("shiny" %in% loaded) {
@@ -64,6 +71,7 @@ local({
   if (is.na(lifeline)) stop("VALVE_LIFELINE is not set")
   zygote_home <- Sys.getenv("HOME")
   launcher <- Sys.getenv("VALVE_LAUNCHER")
+  parent_libs <- normalizePath(.libPaths(), mustWork = FALSE)
   cat(sprintf("valve-zygote-ready %d %.3f %s\n", Sys.getpid(), as.numeric(Sys.time() - started, units = "secs"),
               paste(loaded, collapse = ",")))
   flush(stdout())
@@ -86,6 +94,9 @@ local({
   # Whether a package the parent loaded would come from elsewhere, at
   # another version, with these library paths: then this fork is no app's worker.
   differs <- function(libs) {
+    # The parent's own paths, in its order: every package is found where the
+    # parent found it.
+    if (identical(libs[dir.exists(libs)], parent_libs)) return(NULL)
     for (ns in setdiff(loadedNamespaces(), "base")) {
       loaded_at <- normalizePath(getNamespaceInfo(ns, "path"), mustWork = FALSE)
       if (identical(dirname(loaded_at), normalizePath(.Library, mustWork = FALSE))) next
