@@ -1,0 +1,220 @@
+//! The manual's reference page of flags, environment variables and config
+//! keys, rendered from clap's `Args` and the key lists in `keys`, and the
+//! check that keeps each generated page of the manual equal to its code.
+//!
+//! `VALVE_BLESS=1 cargo test --release --lib reference` rewrites the pages
+//! (docs/src/reference/flags.md here, metrics.md from `metrics`); without it
+//! the tests fail when a page and the code disagree.
+
+use std::fmt::Write;
+
+use clap::{ArgAction, CommandFactory};
+
+use super::flags::Args;
+use super::keys::{flag_name, ACCESS_KEYS, APP_KEYS, APP_ONLY, SERVER_KEYS};
+
+/// How to regenerate a page, as each generated page says it.
+pub const BLESS: &str = "VALVE_BLESS=1 cargo test --release --lib reference";
+
+/// Variables valve reads that are not flags: logging before a config exists,
+/// OpenTelemetry's standard ones (config::otel), and what a worker finds.
+const OTHER_VARIABLES: &[(&str, &str)] = &[
+    (
+        "VALVE_LOG",
+        "valve's log filter, as tracing's `EnvFilter` reads it (`debug`, `valve=debug,hyper=info`); default `info`",
+    ),
+    ("NO_COLOR", "set: no colour in the log even on a terminal"),
+    (
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT",
+        "where traces go when `--otlp-endpoint` is not given (the first wins; `/v1/traces` is added to the second)",
+    ),
+    ("OTEL_EXPORTER_OTLP_PROTOCOL", "only `http/protobuf` is spoken; another value is an error at start"),
+    ("OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES", "the traces' service name and resource attributes"),
+    ("OTEL_SDK_DISABLED", "`true`: no traces, whatever else is set"),
+    ("QUARTO_PATH", "the Quarto CLI for `.qmd` documents (else `quarto` on the `PATH`)"),
+    ("GLIBC_TUNABLES", "kept and passed to R; `glibc.malloc.hugetlb=0` turns off the huge pages valve asks for"),
+    ("VALVE_ADMIN_URL", "the admin address the `versions`, `activate` and `access` commands talk to (their `--admin`)"),
+];
+
+/// The page: every flag with its variable, key and default; the keys that
+/// have no flag; the commands; the other variables.
+pub fn flags_page() -> String {
+    let cmd = Args::command();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# Flags, config keys and variables\n\n\
+         <!-- Generated from src/config/flags.rs and src/config/keys.rs: do not edit. {BLESS} -->\n\n\
+         Every flag has an environment variable (`VALVE_PORT=8080 valve` works like\n\
+         `valve --port 8080`), and most have a key in a config file (the flag's name\n\
+         in snake_case). An app's own key beats a flag given on the command line (or\n\
+         its variable), which beats the file's top level, which beats the default.\n\
+         `valve --help` says the same as this page, which is generated from the same\n\
+         code ({BLESS} rewrites it).\n\n\
+         ## Flags\n\n\
+         | flag | variable | config key | default | meaning |\n\
+         |---|---|---|---|---|"
+    );
+    for arg in cmd.get_arguments() {
+        let Some(long) = arg.get_long() else { continue };
+        if arg.is_hide_set() || long == "help" || long == "version" {
+            continue;
+        }
+        let flag = match arg.get_short() {
+            Some(s) => format!("`-{s}, --{long}`"),
+            None => format!("`--{long}`"),
+        };
+        let var = arg.get_env().map(|e| format!("`{}`", e.to_string_lossy())).unwrap_or_default();
+        let key = key_of(long).map(|(k, place)| format!("`{k}` ({place})")).unwrap_or_default();
+        let defaults: Vec<String> = arg.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
+        let default = match arg.get_action() {
+            ArgAction::SetTrue => "off".to_string(),
+            _ if defaults.iter().all(|d| d.is_empty()) => String::new(),
+            _ => format!("`{}`", defaults.join(",")),
+        };
+        let help = arg.get_long_help().or(arg.get_help()).map(|h| one_line(&h.to_string())).unwrap_or_default();
+        let _ = writeln!(out, "| {flag} | {var} | {key} | {default} | {} |", cell(&help));
+    }
+    let _ = writeln!(
+        out,
+        "\n## Config keys without a flag\n\n\
+         These are set in a config file only (`--config`).\n\n\
+         | key | where | meaning |\n|---|---|---|"
+    );
+    for key in APP_ONLY {
+        let _ = writeln!(out, "| `{key}` | `[[app]]` only | {} |", app_only_meaning(key));
+    }
+    for key in APP_KEYS.iter().chain(ACCESS_KEYS) {
+        if flag_of(key).is_none() {
+            let _ = writeln!(out, "| `{key}` | `[[app]]`, or the top level as a default | {} |", keyed_meaning(key));
+        }
+    }
+    for key in SERVER_KEYS {
+        if flag_of(key).is_none() {
+            let _ = writeln!(out, "| `{key}` | top level | {} |", keyed_meaning(key));
+        }
+    }
+    let _ = writeln!(out, "\n## Commands\n\n| command | what |\n|---|---|");
+    for sub in cmd.get_subcommands() {
+        let args: Vec<String> = sub
+            .get_arguments()
+            .filter(|a| a.get_id() != "help")
+            .map(|a| match a.get_long() {
+                Some(l) => format!("[--{l}]"),
+                None => a.get_id().as_str().to_uppercase(),
+            })
+            .collect();
+        let about = sub.get_about().map(|a| one_line(&a.to_string())).unwrap_or_default();
+        let _ = writeln!(out, "| `valve {} {}` | {} |", sub.get_name(), args.join(" "), cell(&about));
+    }
+    let _ = writeln!(out, "\n## Other environment variables\n\n| variable | what |\n|---|---|");
+    for (name, what) in OTHER_VARIABLES {
+        let names: Vec<String> = name.split(", ").map(|n| format!("`{n}`")).collect();
+        let _ = writeln!(out, "| {} | {what} |", names.join(", "));
+    }
+    out
+}
+
+/// The config key a flag stands for, and where it may stand.
+fn key_of(long: &str) -> Option<(&'static str, &'static str)> {
+    let places: [(&[&'static str], &'static str); 3] =
+        [(APP_KEYS, "app or top"), (ACCESS_KEYS, "app or top"), (SERVER_KEYS, "top")];
+    places
+        .iter()
+        .find_map(|(keys, place)| keys.iter().find(|k| flag_of(k).as_deref() == Some(long)).map(|k| (*k, *place)))
+}
+
+/// The flag (without `--`) a key stands for, if there is one.
+fn flag_of(key: &str) -> Option<String> {
+    let named = flag_name(key);
+    let long = match named.strip_prefix("--") {
+        Some(l) => l.to_string(),
+        None => key.replace('_', "-"),
+    };
+    Args::command().get_arguments().any(|a| a.get_long() == Some(long.as_str())).then_some(long)
+}
+
+fn app_only_meaning(key: &str) -> &'static str {
+    match key {
+        "name" => "the app's name: a label in logs, metrics and the dashboard",
+        "path" => "its URL prefix (`/` for a root app; default `/<name>`)",
+        "file" => "what it runs: a plumber file or folder, a Shiny app, an interactive `.Rmd` or `.qmd`, a `_server.yml` folder",
+        "static" => "a folder of files served by valve itself (in place of `file`)",
+        "hostname" => "route by `Host` as well as by path",
+        _ => "",
+    }
+}
+
+fn keyed_meaning(key: &str) -> &'static str {
+    match key {
+        "env" => "environment variables for the app's workers (`env = { DB_HOST = \"db\" }`)",
+        "allow_users" => "users (or emails) who may use the app; with `allow_groups`, anyone else gets 403",
+        "allow_groups" => "groups whose members may use the app",
+        _ => "see the flag of the same name",
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Help text as a table cell: no column breaks, no HTML tags, no emphasis.
+fn cell(text: &str) -> String {
+    text.replace('|', "\\|").replace('<', "&lt;").replace('*', "\\*").replace('_', "\\_")
+}
+
+/// Compares a generated page with the manual's copy at `page` (relative to
+/// the repository), or writes it under `VALVE_BLESS=1`. The error names the
+/// first line that differs and the command that fixes it.
+#[cfg(test)]
+pub fn compare_or_bless(page: &str, text: &str) -> Result<(), String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(page);
+    if std::env::var("VALVE_BLESS").is_ok_and(|v| v == "1") {
+        return std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()));
+    }
+    let written = std::fs::read_to_string(&path).unwrap_or_default();
+    if written == text {
+        return Ok(());
+    }
+    let (n, (old, new)) = written
+        .lines()
+        .chain(std::iter::repeat(""))
+        .zip(text.lines().chain(std::iter::repeat("")))
+        .enumerate()
+        .find(|(_, (a, b))| a != b)
+        .unwrap_or((0, ("", "")));
+    Err(format!(
+        "{page} is not what the code says (line {}):\n  page: {old}\n  code: {new}\nRun `{BLESS}` and commit the page.",
+        n + 1
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reference_page_of_flags_keys_and_variables_is_what_the_code_says() {
+        let page = flags_page();
+        for needle in [
+            "`-n, --n-max`",
+            "`VALVE_MEMORY_LIMIT`",
+            "`memory_limit` (app or top)",
+            "`reconnect_window`",
+            "`allow_users`",
+        ] {
+            assert!(page.contains(needle), "{needle} in:\n{page}");
+        }
+        if let Err(e) = compare_or_bless("docs/src/reference/flags.md", &page) {
+            panic!("{e}");
+        }
+    }
+
+    #[test]
+    fn every_config_key_is_on_the_page() {
+        let page = flags_page();
+        for key in APP_KEYS.iter().chain(ACCESS_KEYS).chain(APP_ONLY).chain(SERVER_KEYS) {
+            assert!(page.contains(&format!("`{key}`")), "{key} is missing from the reference page");
+        }
+    }
+}
