@@ -137,7 +137,7 @@ fn flag_of(key: &str) -> Option<String> {
 fn app_only_meaning(key: &str) -> &'static str {
     match key {
         "name" => "the app's name: a label in logs, metrics and the dashboard",
-        "path" => "its URL prefix (`/` for a root app; default `/<name>`)",
+        "path" => "its URL prefix (`/` for a root app; default `/<name>`, or `/` for a file's only app)",
         "file" => "what it runs: a plumber file or folder, a Shiny app, an interactive `.Rmd` or `.qmd`, a `_server.yml` folder",
         "static" => "a folder of files served by valve itself (in place of `file`)",
         "hostname" => "route by `Host` as well as by path",
