@@ -248,6 +248,28 @@ fn every_page_is_in_the_summary_and_every_internal_link_and_anchor_resolves() {
             }
         }
     }
+    // The front page links into the manual: each link leads to a file, and an
+    // anchor in a page of the manual to one of its headings.
+    for front in ["README.md", "ARCHITECTURE.md"] {
+        let text = std::fs::read_to_string(root().join(front)).expect("the front pages are readable");
+        for (n, line) in prose(&text) {
+            for target in link_targets(&line) {
+                if target.is_empty() || target.contains("://") || target.starts_with('#') {
+                    continue;
+                }
+                checked += 1;
+                let (path, anchor) = target.split_once('#').unwrap_or((&target, ""));
+                let at = format!("{front}:{n}: {target}");
+                if !root().join(path).exists() {
+                    problems.push(format!("{at}: no such file"));
+                } else if let Some(page) = path.strip_prefix("docs/src/") {
+                    if !anchor.is_empty() && !ids.get(&page.to_string()).is_some_and(|found| found.contains(anchor)) {
+                        problems.push(format!("{at}: no heading with anchor #{anchor} in {path}"));
+                    }
+                }
+            }
+        }
+    }
     assert!(checked > 100, "the link scan found only {checked} links: is docs/src there?");
     assert!(problems.is_empty(), "broken links in the manual:\n{}", problems.join("\n"));
 }

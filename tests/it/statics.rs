@@ -1,4 +1,4 @@
-//! Static content (issue 30): a folder with an `index.html` and no R, served
+//! Static content: a folder with an `index.html` and no R, served
 //! by valve itself beside R apps, in a `--site`, as `static = "dir"` in a
 //! config file, as `-f DIR`, and across reloads; never an R process for it.
 
