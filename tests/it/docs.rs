@@ -516,3 +516,71 @@ fn every_shell_and_r_example_in_the_manual_runs_or_says_why_not() {
     assert!(ran > 20, "only {ran} examples ran: is docs/src there?");
     assert!(failures.is_empty(), "examples in the manual that do not run:\n\n{}", failures.join("\n\n"));
 }
+
+/// The messages valve writes into its own error answers, read from src/:
+/// the text of each string that follows a `StatusCode` in a call or a
+/// `message:` field, up to its first `{` (the value), test modules aside.
+fn error_messages() -> Vec<(String, String)> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("src is readable").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    const SUCCESS: &[&str] = &["OK", "FOUND", "ACCEPTED", "CREATED", "NO_CONTENT", "NOT_MODIFIED", "PARTIAL_CONTENT"];
+    let mut files = Vec::new();
+    walk(&root().join("src"), &mut files);
+    let mut out = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("a source file is UTF-8");
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(i) = rest.find("StatusCode::") {
+            rest = &rest[i + "StatusCode::".len()..];
+            let name: String = rest.chars().take_while(|c| c.is_ascii_uppercase() || *c == '_').collect();
+            if name.is_empty() || SUCCESS.contains(&name.as_str()) {
+                continue;
+            }
+            let mut after = rest[name.len()..].trim_start();
+            if !after.starts_with(',') {
+                continue;
+            }
+            after = after[1..].trim_start();
+            for prefix in ["message:", "&format!(", "format!("] {
+                after = after.strip_prefix(prefix).unwrap_or(after).trim_start();
+            }
+            let Some(literal) = after.strip_prefix('"') else { continue };
+            let message = literal.split('"').next().unwrap_or("").split('{').next().unwrap_or("").trim();
+            if message.len() >= 8 && message.contains(' ') {
+                let at = file.strip_prefix(root()).unwrap_or(&file).display().to_string();
+                out.push((at, message.to_string()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_errors_page_names_every_answer_valve_gives_itself() {
+    let page = std::fs::read_to_string(book().join("reference/errors.md")).expect("docs/src/reference/errors.md");
+    let messages = error_messages();
+    assert!(
+        messages.len() > 30,
+        "only {} messages found in src/: has the scan gone stale? {messages:?}",
+        messages.len()
+    );
+    let missing: Vec<String> = messages
+        .iter()
+        .filter(|(_, message)| !page.contains(message.trim_end_matches(['(', ':', ' '])))
+        .map(|(file, message)| format!("{file}: `{message}`"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/src/reference/errors.md lacks messages valve gives (add each with what to do):\n{}",
+        missing.join("\n")
+    );
+}
