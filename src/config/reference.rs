@@ -10,6 +10,7 @@ use std::fmt::Write;
 
 use clap::{ArgAction, CommandFactory};
 
+use super::error::ConfigError;
 use super::flags::Args;
 use super::keys::{flag_name, ACCESS_KEYS, APP_KEYS, APP_ONLY, SERVER_KEYS};
 
@@ -115,6 +116,99 @@ pub fn flags_page() -> String {
     out
 }
 
+/// The page of configuration errors: each `ConfigError` valve can stop with
+/// (exit code 2, also under `--check`), its message with `…` for the values.
+pub fn config_errors_page() -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# Configuration errors\n\n\
+         <!-- Generated from src/config/error.rs by src/config/reference.rs: do not edit. {BLESS} -->\n\n\
+         valve checks its whole configuration before it binds a port or starts R.\n\
+         Each problem below stops it with exit code 2 (`valve --check` says the\n\
+         same and exits 2), every problem at once, a config file's with\n\
+         `file:line:column`. `…` stands for the value valve names. A config file's\n\
+         own problems (an unknown key, with the nearest known one; a value of the\n\
+         wrong type) come from the TOML reader, and the answers valve gives to\n\
+         requests are in [Errors and exit codes](errors.md).\n\n\
+         | problem | message |\n|---|---|"
+    );
+    for e in config_error_examples() {
+        let _ = writeln!(out, "| {} | {} |", variant(&e), cell(&one_line(&e.to_string())));
+    }
+    out
+}
+
+/// One of each `ConfigError`, with `…` for its values.
+fn config_error_examples() -> Vec<ConfigError> {
+    let v = || "…".to_string();
+    vec![
+        ConfigError::NotFound { path: v(), what: v() },
+        ConfigError::Unreadable { path: v(), reason: v() },
+        ConfigError::EmptyDir(v()),
+        ConfigError::NoStaticFolder(v()),
+        ConfigError::StaticNotAFolder(v()),
+        ConfigError::NoIndex(v()),
+        ConfigError::NotInteractive(v()),
+        ConfigError::BadFrontMatter { path: v(), reason: v() },
+        ConfigError::QuartoNotInteractive(v()),
+        ConfigError::BadServerYml { path: v(), reason: v() },
+        ConfigError::NoEngine { path: v(), found: String::new() },
+        ConfigError::ZeroSessions,
+        ConfigError::MinAboveMax { n_min: 4, n_max: 3 },
+        ConfigError::ZeroMax,
+        ConfigError::ZeroThreads,
+        ConfigError::BadSeconds { flag: "--FLAG", value: v() },
+        ConfigError::BadSize { flag: "--FLAG", value: v() },
+        ConfigError::ZeroQueue,
+        ConfigError::EmptySite(v()),
+        ConfigError::MinAboveBudget { n_min: 9, max: 8 },
+        ConfigError::Several,
+        ConfigError::OutOfRange { flag: "--FLAG", value: v(), range: "…" },
+        ConfigError::BufferTotalBelowSession { total: v(), session: v() },
+        ConfigError::Access { flag: "trusted_proxies, auth_url or sign_in_url", why: "what is wrong with it".into() },
+        ConfigError::Published("a publishing setting, the keys file or a published app, and what is wrong".into()),
+        ConfigError::Isolation("whom an app runs as or what its user cannot read, one line per app".into()),
+        ConfigError::UsageLog { path: v(), why: v() },
+        ConfigError::Otlp("the trace setting, its value and what is wrong".into()),
+    ]
+}
+
+/// What a `ConfigError` is about. The match is exhaustive: a new variant
+/// does not compile until it is named here (and given an example above).
+fn variant(e: &ConfigError) -> &'static str {
+    match e {
+        ConfigError::NotFound { .. } => "no app at the path",
+        ConfigError::Unreadable { .. } => "a file valve cannot read",
+        ConfigError::EmptyDir(_) => "a folder holding no app",
+        ConfigError::NoStaticFolder(_) => "`static` names no folder",
+        ConfigError::StaticNotAFolder(_) => "`static` names a file",
+        ConfigError::NoIndex(_) => "a static folder without index.html",
+        ConfigError::NotInteractive(_) => "an R Markdown document without a Shiny runtime",
+        ConfigError::BadFrontMatter { .. } => "front matter that is not YAML",
+        ConfigError::QuartoNotInteractive(_) => "a Quarto document without `server: shiny`",
+        ConfigError::BadServerYml { .. } => "a `_server.yml` that is not YAML",
+        ConfigError::NoEngine { .. } => "a `_server.yml` naming no engine",
+        ConfigError::ZeroSessions => "`--max-sessions 0`",
+        ConfigError::MinAboveMax { .. } => "`--n-min` above `--n-max`",
+        ConfigError::ZeroMax => "`--n-max 0`",
+        ConfigError::ZeroThreads => "`--workers 0`",
+        ConfigError::BadSeconds { .. } => "not a number of seconds",
+        ConfigError::BadSize { .. } => "not a size",
+        ConfigError::ZeroQueue => "`--queue-size 0`",
+        ConfigError::EmptySite(_) => "a `--site` with no app folder",
+        ConfigError::MinAboveBudget { .. } => "the apps' `n_min` above `--max-workers`",
+        ConfigError::Several => "more than one of `-f`, `--config`, `--site`",
+        ConfigError::OutOfRange { .. } => "a value out of range",
+        ConfigError::BufferTotalBelowSession { .. } => "`--shiny-buffer-total` below `--shiny-session-buffer`",
+        ConfigError::Access { .. } => "a bad trusted proxy, `auth_url` or `sign_in_url`",
+        ConfigError::Published(_) => "publishing",
+        ConfigError::Isolation(_) => "whom apps run as",
+        ConfigError::UsageLog { .. } => "a `--usage-log` valve cannot use",
+        ConfigError::Otlp(_) => "where traces go",
+    }
+}
+
 /// The config key a flag stands for, and where it may stand.
 fn key_of(long: &str) -> Option<(&'static str, &'static str)> {
     let places: [(&[&'static str], &'static str); 3] =
@@ -158,9 +252,21 @@ fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// Help text as a table cell: no column breaks, no HTML tags, no emphasis.
+/// Help text as a table cell: no column breaks, and outside code spans no
+/// HTML tags and no emphasis (inside them a backslash would show).
 fn cell(text: &str) -> String {
-    text.replace('|', "\\|").replace('<', "&lt;").replace('*', "\\*").replace('_', "\\_")
+    text.replace('|', "\\|")
+        .split('`')
+        .enumerate()
+        .map(|(i, part)| {
+            if i % 2 == 1 {
+                part.to_string()
+            } else {
+                part.replace('<', "&lt;").replace('*', "\\*").replace('_', "\\_")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("`")
 }
 
 /// Compares a generated page with the manual's copy at `page` (relative to
@@ -206,6 +312,16 @@ mod tests {
             assert!(page.contains(needle), "{needle} in:\n{page}");
         }
         if let Err(e) = compare_or_bless("docs/src/reference/flags.md", &page) {
+            panic!("{e}");
+        }
+    }
+
+    #[test]
+    fn the_reference_page_of_configuration_errors_is_what_the_code_says() {
+        let examples = config_error_examples();
+        let kinds: std::collections::BTreeSet<&str> = examples.iter().map(variant).collect();
+        assert_eq!(kinds.len(), examples.len(), "one example of each ConfigError, none twice");
+        if let Err(e) = compare_or_bless("docs/src/reference/config-errors.md", &config_errors_page()) {
             panic!("{e}");
         }
     }
