@@ -584,3 +584,40 @@ fn the_errors_page_names_every_answer_valve_gives_itself() {
         missing.join("\n")
     );
 }
+
+#[test]
+fn the_tests_architecture_and_its_invariants_name_exist() {
+    fn sources(dir: &Path, out: &mut String) {
+        for entry in std::fs::read_dir(dir).expect("a source folder is readable").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                sources(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+            }
+        }
+    }
+    let mut code = String::new();
+    sources(&root().join("src"), &mut code);
+    sources(&root().join("tests"), &mut code);
+    let mut named = 0;
+    let mut missing = Vec::new();
+    for doc in ["ARCHITECTURE.md", "docs/design/invariants.md"] {
+        let text = std::fs::read_to_string(root().join(doc)).expect("the architecture pages are readable");
+        for span in text.split('`').skip(1).step_by(2) {
+            // A test's path: `module::name` whose last part reads as a sentence.
+            let Some((_, name)) = span.rsplit_once("::") else { continue };
+            if name.matches('_').count() < 2
+                || !name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            {
+                continue;
+            }
+            named += 1;
+            if !code.contains(&format!("fn {name}(")) {
+                missing.push(format!("{doc}: {span}"));
+            }
+        }
+    }
+    assert!(named > 40, "only {named} tests named in ARCHITECTURE.md and docs/design/invariants.md");
+    assert!(missing.is_empty(), "tests named as guards that do not exist (renamed?):\n{}", missing.join("\n"));
+}
