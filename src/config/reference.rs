@@ -51,30 +51,45 @@ pub fn flags_page() -> String {
          in snake_case). An app's own key beats a flag given on the command line (or\n\
          its variable), which beats the file's top level, which beats the default.\n\
          `valve --help` says the same as this page, which is generated from the same\n\
-         code ({BLESS} rewrites it).\n\n\
-         ## Flags\n\n\
-         | flag | variable | config key | default | meaning |\n\
-         |---|---|---|---|---|"
+         code (`{BLESS}` rewrites it).\n\n\
+         ## At a glance\n\n\
+         | flag | variable | config key |\n\
+         |---|---|---|"
     );
-    for arg in cmd.get_arguments() {
-        let Some(long) = arg.get_long() else { continue };
-        if arg.is_hide_set() || long == "help" || long == "version" {
-            continue;
-        }
-        let flag = match arg.get_short() {
-            Some(s) => format!("`-{s}, --{long}`"),
-            None => format!("`--{long}`"),
-        };
+    let flags: Vec<&clap::Arg> = cmd
+        .get_arguments()
+        .filter(|a| !a.is_hide_set() && a.get_long().is_some_and(|l| l != "help" && l != "version"))
+        .collect();
+    for arg in &flags {
+        let long = arg.get_long().unwrap_or_default();
         let var = arg.get_env().map(|e| format!("`{}`", e.to_string_lossy())).unwrap_or_default();
-        let key = key_of(long).map(|(k, place)| format!("`{k}` ({place})")).unwrap_or_default();
+        let key = key_of(long).map(|(k, _)| format!("`{k}`")).unwrap_or_default();
+        let _ = writeln!(out, "| [`--{long}`](#--{long}) | {var} | {key} |");
+    }
+    let _ = writeln!(out, "\n## Every flag");
+    for arg in &flags {
+        let long = arg.get_long().unwrap_or_default();
+        let mut facts = Vec::new();
+        if let Some(short) = arg.get_short() {
+            facts.push(format!("short `-{short}`"));
+        }
+        if let Some(env) = arg.get_env() {
+            facts.push(format!("variable `{}`", env.to_string_lossy()));
+        }
+        if let Some((key, place)) = key_of(long) {
+            facts.push(format!("config key `{key}` ({place})"));
+        }
         let defaults: Vec<String> = arg.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
-        let default = match arg.get_action() {
-            ArgAction::SetTrue => "off".to_string(),
-            _ if defaults.iter().all(|d| d.is_empty()) => String::new(),
-            _ => format!("`{}`", defaults.join(",")),
-        };
-        let help = arg.get_long_help().or(arg.get_help()).map(|h| one_line(&h.to_string())).unwrap_or_default();
-        let _ = writeln!(out, "| {flag} | {var} | {key} | {default} | {} |", cell(&help));
+        match arg.get_action() {
+            ArgAction::SetTrue => facts.push("off unless given".to_string()),
+            _ if defaults.iter().all(|d| d.is_empty()) => facts.push("no default".to_string()),
+            _ => facts.push(format!("default `{}`", defaults.join(","))),
+        }
+        let mut help = arg.get_long_help().or(arg.get_help()).map(|h| one_line(&h.to_string())).unwrap_or_default();
+        if !help.ends_with(['.', ')', ':']) {
+            help.push('.');
+        }
+        let _ = writeln!(out, "\n### `--{long}`\n\n{}.\n\n{}", facts.join(", "), cell(&help));
     }
     let _ = writeln!(
         out,
@@ -211,8 +226,11 @@ fn variant(e: &ConfigError) -> &'static str {
 
 /// The config key a flag stands for, and where it may stand.
 fn key_of(long: &str) -> Option<(&'static str, &'static str)> {
-    let places: [(&[&'static str], &'static str); 3] =
-        [(APP_KEYS, "app or top"), (ACCESS_KEYS, "app or top"), (SERVER_KEYS, "top")];
+    let places: [(&[&'static str], &'static str); 3] = [
+        (APP_KEYS, "an app's, or the top level's"),
+        (ACCESS_KEYS, "an app's, or the top level's"),
+        (SERVER_KEYS, "top level"),
+    ];
     places
         .iter()
         .find_map(|(keys, place)| keys.iter().find(|k| flag_of(k).as_deref() == Some(long)).map(|k| (*k, *place)))
@@ -303,9 +321,9 @@ mod tests {
     fn the_reference_page_of_flags_keys_and_variables_is_what_the_code_says() {
         let page = flags_page();
         for needle in [
-            "`-n, --n-max`",
-            "`VALVE_MEMORY_LIMIT`",
-            "`memory_limit` (app or top)",
+            "### `--n-max`\n\nshort `-n`",
+            "variable `VALVE_MEMORY_LIMIT`",
+            "config key `memory_limit` (an app's, or the top level's)",
             "`reconnect_window`",
             "`allow_users`",
         ] {
