@@ -679,6 +679,6 @@ fn max_fds() -> Option<f64> {
 }
 
 #[cfg(test)]
-mod reference;
+pub mod reference;
 #[cfg(test)]
 mod tests;
