@@ -61,7 +61,7 @@ pub fn engine_library() -> &'static Path {
     })
 }
 
-/// `R CMD INSTALL -l lib src`, as the README says to install an engine.
+/// `R CMD INSTALL -l lib src`, as the manual (docs/src/documents.md) says to install an engine.
 fn install(src: &Path, lib: &Path) {
     std::fs::create_dir_all(lib).unwrap();
     let out = Command::new("R").arg("CMD").arg("INSTALL").arg("-l").arg(lib).arg(src).output().unwrap();
