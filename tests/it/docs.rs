@@ -621,3 +621,101 @@ fn the_tests_architecture_and_its_invariants_name_exist() {
     assert!(named > 40, "only {named} tests named in ARCHITECTURE.md and docs/design/invariants.md");
     assert!(missing.is_empty(), "tests named as guards that do not exist (renamed?):\n{}", missing.join("\n"));
 }
+
+/// Every flag valve and its commands take, read from their `--help`.
+fn known_flags() -> BTreeSet<String> {
+    let help = |args: &[&str]| {
+        let out = Command::new(valve_bin()).args(args).arg("--help").output().expect("valve --help runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let top = help(&[]);
+    let mut text = top.clone();
+    // The commands are listed under "Commands:", two spaces in, until a blank line.
+    let commands: Vec<String> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help")
+        .collect();
+    assert!(!commands.is_empty(), "valve --help lists its commands:\n{top}");
+    for command in &commands {
+        text.push_str(&help(&[command]));
+    }
+    flag_tokens(&text)
+}
+
+/// The `--flag` tokens of a text.
+fn flag_tokens(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (i, _) in text.match_indices("--") {
+        if i > 0 && !text[..i].ends_with([' ', '[', '(', '\n', '`', '\t']) {
+            continue;
+        }
+        let flag: String = text[i + 2..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '-').collect();
+        if flag.len() > 1 && !flag.ends_with('-') {
+            out.insert(flag);
+        }
+    }
+    out
+}
+
+/// Other programs whose flags the manual's commands also show.
+const OTHER_PROGRAMS: &[&str] = &[
+    "docker",
+    "podman",
+    "helm",
+    "kubectl",
+    "oauth2-proxy",
+    "cargo",
+    "curl",
+    "R CMD",
+    "Rscript",
+    "mkdir",
+    "git",
+    "chromium",
+];
+
+#[test]
+fn every_flag_and_config_key_the_manual_shows_is_one_valve_knows() {
+    let flags = known_flags();
+    assert!(flags.contains("n-max") && flags.contains("admin"), "flags from --help: {flags:?}");
+    let scratch = tempfile::tempdir().expect("a scratch folder");
+    let mut problems = Vec::new();
+    let mut keys_checked = 0;
+    for (page, text) in pages() {
+        for block in blocks(&text) {
+            let at = format!("docs/src/{page}:{}", block.line);
+            let skipped = block.attrs.iter().any(|a| a.starts_with("needs-") && block.lang == "toml");
+            if matches!(block.lang.as_str(), "sh" | "bash" | "shell" | "console") {
+                // A command continued with `\` is one command.
+                let joined = block.code.replace("\\\n", " ");
+                for line in joined.lines() {
+                    let command = line.split(" #").next().unwrap_or(line);
+                    if !command.contains("valve ") || OTHER_PROGRAMS.iter().any(|p| command.contains(p)) {
+                        continue;
+                    }
+                    for flag in flag_tokens(command) {
+                        if !flags.contains(&flag) {
+                            problems.push(format!("{at}: `--{flag}` is not a flag of valve (valve --help): {line}"));
+                        }
+                    }
+                }
+            } else if block.lang == "toml" && !skipped {
+                // A fragment names files that are not there: only unknown keys count.
+                keys_checked += 1;
+                let file = scratch.path().join("fragment.toml");
+                std::fs::write(&file, &block.code).expect("write the fragment");
+                let out =
+                    Command::new(valve_bin()).arg("--config").arg(&file).arg("--check").output().expect("valve runs");
+                let said = String::from_utf8_lossy(&out.stderr);
+                for line in said.lines().filter(|l| l.contains("unknown key")) {
+                    problems.push(format!("{at}: {}", line.split("; known keys").next().unwrap_or(line)));
+                }
+            }
+        }
+    }
+    assert!(keys_checked >= 5, "only {keys_checked} TOML blocks checked");
+    assert!(problems.is_empty(), "the manual shows flags or keys valve does not know:\n{}", problems.join("\n"));
+}
