@@ -22,6 +22,8 @@ pub mod publish;
 
 mod logs;
 mod query;
+#[cfg(test)]
+mod reference;
 mod status;
 mod usage;
 

@@ -33,6 +33,7 @@ mod model;
 mod otel;
 mod problems;
 pub mod publish;
+pub mod reference;
 mod rmd;
 mod settle;
 mod site;

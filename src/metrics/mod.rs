@@ -256,7 +256,7 @@ pub struct AppMetrics {
     pub session_length: Arc<SessionLength>,
     /// Where sessions and requests by user are kept (the registry's, shared by every app).
     usage: Arc<crate::usage::Usage>,
-    /// Resumable Shiny sessions (issue 29).
+    /// Resumable Shiny sessions (docs/design/shiny-reconnect.md).
     pub reconnects: Reconnects,
     memory: Mutex<BTreeMap<WorkerId, u64>>,
     /// The app's `memory_limit` per worker, in bytes (0: none).
@@ -711,5 +711,7 @@ fn max_fds() -> Option<f64> {
     line.split_whitespace().nth(3)?.parse().ok()
 }
 
+#[cfg(test)]
+pub mod reference;
 #[cfg(test)]
 mod tests;

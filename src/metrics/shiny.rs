@@ -1,4 +1,4 @@
-//! What Shiny sessions that outlive their connections do (issue 29): how
+//! What Shiny sessions that outlive their connections do (docs/design/shiny-reconnect.md): how
 //! often browsers come back to the same session or start a new one, why
 //! sessions end, what valve holds for absent browsers, and how long they
 //! were away.

@@ -1,4 +1,4 @@
-# valve's frame loop: the R side of valve's own worker protocol (issue 14).
+# valve's frame loop: the R side of valve's own worker protocol (bench/r-loop/PROTOCOL.md).
 #
 # A plumber worker no longer runs an HTTP server. valve parses HTTP itself and
 # hands the worker requests as frames on one loopback TCP connection that the
@@ -7,7 +7,7 @@
 # calls the app as httpuv's AppWrapper does (onHeaders, then call), and writes
 # the answer back as one frame in one write, carrying the request's id.
 #
-# Async (issue 28): when the app's answer is a pending promise, the loop says
+# Async endpoints: when the app's answer is a pending promise, the loop says
 # WAITING for that request (valve may then send another) and goes back to
 # reading frames while running `later`, as httpuv does between requests; the
 # answer goes out when the promise settles, in whatever order promises settle.

@@ -1,5 +1,5 @@
 // Drives tests/fixtures/shiny_reconnect in Debian's headless chromium for
-// issue 29 (Shiny sessions that survive dropped connections).
+// Shiny sessions that survive dropped connections (docs/design/shiny-reconnect.md).
 // Usage: node reconnect.mjs URL
 // Prints {"ready":true, ...state} once the app is connected, then answers
 // each JSON command line on stdin with exactly one JSON line (errors as

@@ -1,4 +1,4 @@
-//! Issue 28: async plumber endpoints (promises resolved by `later`, by a
+//! Async plumber endpoints (promises resolved by `later`, by a
 //! `future`, rejected, chained, drawing images) answer through valve exactly as
 //! a plain plumber process answers them; and one worker keeps several promises
 //! pending at once, as plain plumber does. No assertion here is about time: the

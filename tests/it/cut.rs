@@ -1,6 +1,6 @@
 //! A TCP proxy on loopback whose connections a test can cut and whose
 //! network it can take down and bring back: what a wifi blip, a proxy's idle
-//! timeout or an outage does to a browser's connections (issue 29's tests
+//! timeout or an outage does to a browser's connections (the Shiny reconnect tests
 //! drive real pages through it). Its own tests check it against a real valve.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,4 +1,4 @@
-//! Issue 30: `_server.yml` apps. A folder whose `_server.yml` names an
+//! `_server.yml` apps (docs/design/engines-quarto-and-site.md). A folder whose `_server.yml` names an
 //! engine package is served by that package's `launch_server(settings,
 //! host, port)`, one engine process per worker on a loopback port valve
 //! picks. plumber2 and fiery are not in Debian, so the tests write a small
@@ -61,7 +61,7 @@ pub fn engine_library() -> &'static Path {
     })
 }
 
-/// `R CMD INSTALL -l lib src`, as the README says to install an engine.
+/// `R CMD INSTALL -l lib src`, as the manual (docs/src/documents.md) says to install an engine.
 fn install(src: &Path, lib: &Path) {
     std::fs::create_dir_all(lib).unwrap();
     let out = Command::new("R").arg("CMD").arg("INSTALL").arg("-l").arg(lib).arg(src).output().unwrap();

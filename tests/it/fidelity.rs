@@ -290,7 +290,7 @@ fn multipart() -> &'static [u8] {
     Box::leak(body.into_boxed_slice())
 }
 
-/// Issue 14: what a worker without an HTTP server must still do as plumber
+/// The frames protocol: what a worker without an HTTP server must still do as plumber
 /// does: async endpoints, static assets, uploads (inline and spooled to a
 /// file), image serializers, answers given as files, no-body answers, gzip.
 #[tokio::test(flavor = "multi_thread")]

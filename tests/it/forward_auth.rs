@@ -1,4 +1,4 @@
-//! Forward auth (issue 31, `auth_url`): valve asks a real auth service
+//! Forward auth (`auth_url`): valve asks a real auth service
 //! written here (oauth2-proxy's `/oauth2/auth` in miniature) who is calling,
 //! with the request's cookies; its answer names the user to R, the allow
 //! lists decide, answers are cached, and a service that cannot say gets 503

@@ -1,4 +1,4 @@
-//! Who is calling (issue 31): identity and client address believed only from
+//! Who is calling: identity and client address believed only from
 //! trusted proxies, written for R the way R reads it, per-app allow lists
 //! answered by valve before any worker is taken, and bad input refused.
 

@@ -5,6 +5,7 @@ mod apps;
 mod asyncness;
 mod cut;
 mod deps;
+mod docs;
 mod engines;
 mod fidelity;
 mod forward_auth;

@@ -1,4 +1,4 @@
-//! Where new Shiny sessions go: to a worker whose R is not busy (issue 17).
+//! Where new Shiny sessions go: to a worker whose R is not busy (busy-aware placement).
 //! Sessions are played over a WebSocket the way shiny.js does (page, cookie,
 //! `/websocket/`, `init`), by a minimal client below, so that seven sessions
 //! can arrive at once without seven browsers.

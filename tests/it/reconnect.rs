@@ -1,4 +1,4 @@
-//! Issue 29: Shiny sessions that survive the network and the worker. Real
+//! Shiny sessions that survive the network and the worker (docs/design/shiny-reconnect.md). Real
 //! Chromium (tests/browser/reconnect.mjs) drives tests/fixtures/shiny_reconnect
 //! (and Shiny's own examples) through a proxy whose connections the test cuts
 //! (`cut::Cuttable`); valve and R are the real ones. Deadlines here are

@@ -275,7 +275,7 @@ fn a_quarto_document_with_server_shiny_is_detected_and_without_quarto_valve_says
     let out = Command::new(valve_bin()).args(["-f", dash.to_str().unwrap(), "--check"]).output().unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && said.contains("dash at / (quarto-shiny, 1-3 workers)"), "{said}");
-    // The README's example.
+    // The manual's example (docs/src/documents.md).
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quarto");
     let out = Command::new(valve_bin()).args(["-f", example.to_str().unwrap(), "--check"]).output().unwrap();
     let said = String::from_utf8_lossy(&out.stdout);

@@ -1,4 +1,4 @@
-//! Issue 30's "done when": one `--site` folder holding all six kinds of app
+//! The six kinds on one site (docs/design/engines-quarto-and-site.md): one `--site` folder holding all six kinds of app
 //! an R team deploys (a plumber API, a Shiny app, a `runtime: shiny`
 //! document, a `shiny_prerendered` tutorial, a `_server.yml` app and a
 //! static folder), served by one valve on one port within one worker budget

@@ -1,4 +1,4 @@
-//! Static content (issue 30): a folder with an `index.html` and no R, served
+//! Static content: a folder with an `index.html` and no R, served
 //! by valve itself beside R apps, in a `--site`, as `static = "dir"` in a
 //! config file, as `-f DIR`, and across reloads; never an R process for it.
 
@@ -360,7 +360,7 @@ fn the_readmes_example_site_holds_an_api_and_static_docs() {
     let said = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(said.contains("api at /api (plumber-dir, 1-3 workers); docs at /docs (static, no R)"), "{said}");
-    // As the README runs it: a path relative to where valve starts (the
+    // As the manual runs it (docs/src/static.md): a path relative to where valve starts (the
     // repository, the tests' working directory), the API in its private view.
     let valve = crate::harness::Valve::start(&["--site", "examples/site", "--n-min", "1", "-n", "1"]);
     let (status, body) = crate::rmarkdown::get(&valve.get("/api/echo?msg=relative"));

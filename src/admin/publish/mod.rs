@@ -29,6 +29,8 @@ use std::sync::Arc;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
+#[cfg(test)]
+pub(crate) use publisher::metrics as published_metrics;
 use publisher::PAGES;
 pub use publisher::{Publisher, Summary};
 

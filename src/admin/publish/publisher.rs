@@ -158,7 +158,7 @@ impl Publisher {
 }
 
 /// The published apps' metrics, in Prometheus' text format.
-fn metrics(summary: &BTreeMap<String, Summary>, deployments: &BTreeMap<(String, bool), u64>) -> String {
+pub(crate) fn metrics(summary: &BTreeMap<String, Summary>, deployments: &BTreeMap<(String, bool), u64>) -> String {
     let mut out = String::new();
     let head = |out: &mut String, name: &str, kind: &str, help: &str| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");

@@ -444,7 +444,7 @@ fn new_work_counts_as_busy_until_a_sample_that_began_after_it() {
 
 #[test]
 fn at_n_max_with_every_worker_busy_the_one_with_fewest_sessions_takes_it() {
-    // The case: 6 sessions burn CPU on 4 workers (2, 2, 1, 1); a 7th arrives.
+    // The placement case: 6 sessions burn CPU on 4 workers (2, 2, 1, 1); a 7th arrives.
     let (mut p, t0, ids) = busy_aware(4, 4, 20);
     for (token, w) in [ids[0], ids[0], ids[1], ids[1], ids[2], ids[3]].into_iter().enumerate() {
         open_session(&mut p, w, t0, token as u64);

@@ -1,12 +1,12 @@
 /*
- * valve: Shiny sessions that survive dropped connections (issue 29).
+ * valve: Shiny sessions that survive dropped connections (docs/design/shiny-reconnect.md).
  * Served as <prefix>/__valve__/shiny-reconnect.js and loaded right before
  * </head>: after shiny.js, before Shiny connects on DOM ready.
  *
  * Shiny asks `Shiny.createSocket()` for its socket. We hand it a logical
  * socket that stays open (readyState 1) across network gaps: underneath, it
  * opens physical WebSockets on Shiny's own URL with the subprotocol
- * valve-shiny.1 and speaks docs/design/29-shiny-reconnect.md §3.3 to valve:
+ * valve-shiny.1 and speaks docs/design/shiny-reconnect.md §3.3 to valve:
  *
  *   valve -> us:  s <sid> <token> <windowMs>   first message, new session
  *                 w <lastRecv> <windowMs>      first message on a resumed socket

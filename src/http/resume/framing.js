@@ -1,5 +1,5 @@
 /*
- * valve-shiny/1's framing (docs/design/29-shiny-reconnect.md §3.3), pure:
+ * valve-shiny/1's framing (docs/design/shiny-reconnect.md §3.3), pure:
  * numbered data both ways, valve's control messages, and Shiny's socket URL.
  * Served just before client.js as one script; node's tests
  * (tests/browser/reconnect_framing.mjs) require it on its own.

@@ -1,5 +1,5 @@
-//! Shiny sessions that outlive their connections (issue 29;
-//! docs/design/29-shiny-reconnect.md).
+//! Shiny sessions that outlive their connections (design note:
+//! docs/design/shiny-reconnect.md).
 //!
 //! valve's client script opens each socket offering the subprotocol
 //! `valve-shiny.1`. For such a socket valve ends the WebSocket on both legs

@@ -1,5 +1,5 @@
 //! valve-shiny/1, the messages between valve and its client script
-//! (docs/design/29-shiny-reconnect.md, 3.3), and the numbering on each side:
+//! (docs/design/shiny-reconnect.md, 3.3), and the numbering on each side:
 //! pure, no I/O.
 //!
 //! Data is numbered 1, 2, 3… per direction and session: text as
