@@ -60,7 +60,12 @@ local({
       ui <- shiny::fluidPage(shiny::titlePanel("warm"), shiny::sliderInput("n", "n", 1, 10, 5),
                              shiny::textOutput("out"), shiny::plotOutput("plot"))
       invisible(htmltools::renderTags(ui))
-      invisible(shiny::shinyApp(ui, function(input, output) NULL))
+      # A first page as Shiny serves it (bslib, sass, jquerylib load then:
+      # ~0.1 s a fork would pay on its first page). It leaves no file behind.
+      app <- shiny::shinyApp(ui, function(input, output) NULL)
+      req <- list2env(list(REQUEST_METHOD = "GET", PATH_INFO = "/", QUERY_STRING = "",
+                           HTTP_HOST = "127.0.0.1", HEADERS = c(host = "127.0.0.1")))
+      invisible(app$httpHandler(req))
     }
     if ("rmarkdown" %in% loaded) invisible(rmarkdown::html_document())
   }
