@@ -139,8 +139,9 @@ impl Supervisor {
                 // Requests waiting for a place in the budget: another app's
                 // worker may have become spare by time alone (a Shiny page
                 // whose browser never opened its session), with no event.
-                // (Before the tick, which may start probing idle workers.)
-                if f.apps.get(&self.key).is_some_and(|a| !a.closing && a.pool.wants() > 0) {
+                // (Before the tick, which may start probing idle workers; and
+                // only once `start` has started n_min, which it waits for.)
+                if f.apps.get(&self.key).is_some_and(|a| a.started && !a.closing && a.pool.wants() > 0) {
                     self.fleet.grow(&mut f, self.key, now, &mut after);
                 }
                 match f.apps.get_mut(&self.key) {
