@@ -57,8 +57,10 @@ local({
       unlink(f)
     }
     if ("shiny" %in% loaded) {
+      # fontawesome: shiny's icons (and its showcase mode) load it on a first page.
+      quiet_load("fontawesome")
       ui <- shiny::fluidPage(shiny::titlePanel("warm"), shiny::sliderInput("n", "n", 1, 10, 5),
-                             shiny::textOutput("out"), shiny::plotOutput("plot"))
+                             shiny::textOutput("out"), shiny::plotOutput("plot"), shiny::icon("house"))
       invisible(htmltools::renderTags(ui))
       # A first page as Shiny serves it (bslib, sass, jquerylib load then:
       # ~0.1 s a fork would pay on its first page). It leaves no file behind.
