@@ -12,7 +12,7 @@ fn main() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("valve_enter.so");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let status = Command::new(&cc)
-        .args(["-shared", "-fPIC", "-pthread", "-O2", "-Wall", "-Werror", "-o"])
+        .args(["-shared", "-fPIC", "-pthread", "-O2", "-s", "-Wall", "-Werror", "-o"])
         .arg(&out)
         .arg(source)
         .status()

@@ -374,8 +374,16 @@ print.valve <- function(x, ...) {
 # valve's R workers: its children (plain workers), and with preload the
 # children of its preload parent, counted by the status page when it answers.
 worker_count <- function(pid) {
-  tryCatch(
-    length(ps::ps_children(ps::ps_handle(as.integer(pid)))),
-    error = function(e) NA_integer_
-  )
+  tryCatch(length(worker_handles(pid)), error = function(e) NA_integer_)
+}
+
+# valve's workers: its children, except its warm parent (which serves no app),
+# whose children, forks of it, are workers too.
+worker_handles <- function(pid) {
+  kids <- ps::ps_children(ps::ps_handle(as.integer(pid)))
+  warm <- vapply(kids, function(h) {
+    mode <- tryCatch(unname(ps::ps_environ(h)["VALVE_MODE"]), error = function(e) NA_character_)
+    identical(mode, "zygote")
+  }, logical(1))
+  c(kids[!warm], unlist(lapply(kids[warm], ps::ps_children), recursive = FALSE))
 }

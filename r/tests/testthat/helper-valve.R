@@ -51,7 +51,7 @@ fetch <- function(url, post_json = NULL) {
 # ps handles for valve and its R workers, taken while they run.
 valve_tree <- function(pid) {
   valve <- ps::ps_handle(as.integer(pid))
-  c(list(valve), ps::ps_children(valve))
+  c(list(valve), valve:::worker_handles(pid))
 }
 
 # A zombie has exited; only its parent has not collected it yet.

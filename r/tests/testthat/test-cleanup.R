@@ -10,7 +10,7 @@ session_with_valve <- function(api, dir) {
   session <- callr::r_bg(
     function(api, pid_file, go_file) {
       h <- valve::valve_start(api, port = 0, n_min = 2, timeout = 60)
-      kids <- ps::ps_children(ps::ps_handle(h$pid))
+      kids <- valve:::worker_handles(h$pid)
       writeLines(as.character(c(h$pid, vapply(kids, ps::ps_pid, integer(1)))), paste0(pid_file, ".tmp"))
       writeLines(tempdir(), paste0(pid_file, ".tempdir"))
       file.rename(paste0(pid_file, ".tmp"), pid_file)
@@ -40,7 +40,9 @@ test_that("valve and its workers end when the R session that started them quits"
   s <- session_with_valve(api, withr::local_tempdir())
   expect_length(s$tree, 3) # valve and two workers
   expect_true(all(vapply(s$tree, alive, logical(1))))
-  expect_length(procs_serving(api), 3)
+  # valve by its command line (forks of the warm parent carry the app's
+  # variables only in their R, not in their initial environment).
+  expect_gte(length(procs_serving(api)), 1)
 
   file.create(s$go)
   expect_true(wait_for(function() !s$session$is_alive(), timeout = 20))

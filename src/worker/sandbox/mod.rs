@@ -118,7 +118,12 @@ impl Sandbox {
             hide.extend(site.private.iter().cloned());
             hide.push(run_dir.to_path_buf());
             hide.extend(["/home", "/root"].map(PathBuf::from));
-            let mut show = vec![own, home.clone(), run.clone(), lib_dir(run_dir)];
+            let mut show = vec![own.clone(), home.clone(), run.clone(), lib_dir(run_dir)];
+            // Its working directory, where that is not its folder (a router
+            // saved with saveRDS() runs where valve was started).
+            if !workdir.starts_with(&own) {
+                show.push(workdir.clone());
+            }
             show.extend(r_paths(app));
             View {
                 hide,
