@@ -382,8 +382,7 @@ worker_count <- function(pid) {
 worker_handles <- function(pid) {
   kids <- ps::ps_children(ps::ps_handle(as.integer(pid)))
   warm <- vapply(kids, function(h) {
-    mode <- tryCatch(unname(ps::ps_environ(h)["VALVE_MODE"]), error = function(e) NA_character_)
-    identical(mode, "zygote")
+    isTRUE(tryCatch("VALVE_MODE=zygote" %in% ps::ps_environ_raw(h), error = function(e) FALSE))
   }, logical(1))
   c(kids[!warm], unlist(lapply(kids[warm], ps::ps_children), recursive = FALSE))
 }
