@@ -200,8 +200,12 @@ impl Apps {
         metrics.set_memory_limit(app.memory_limit);
         spec.on_output(metrics.clone());
         settings.spool = Some(spool);
-        let warm =
-            self.starters.zygotes.as_ref().filter(|_| !app.preload && app.source.preloadable()).map(|z| z.for_r(&app.r_bin));
+        let warm = self
+            .starters
+            .zygotes
+            .as_ref()
+            .filter(|_| !app.preload && app.source.preloadable())
+            .map(|z| z.for_r(&app.r_bin));
         let launcher = RLauncher::new(spec, app.preload, warm).map_err(RunError::RunDir)?;
         Ok(Supervisor::new(self.fleet.clone(), settings, Box::new(launcher), metrics))
     }

@@ -22,8 +22,8 @@ mod session;
 mod shiny;
 mod trace;
 pub use auth::{AuthCounts, AuthResult};
-pub use family::Histogram;
 use compact::{Counts, Repeat, Runs};
+pub use family::Histogram;
 use family::{header, BUCKETS, LONG_BUCKETS};
 pub use session::{SessionLength, SessionUse};
 pub use shiny::{Reconnects, SessionEnd};
@@ -496,7 +496,8 @@ impl Registry {
         for a in &apps {
             for (key, n) in a.requests.snapshot() {
                 let (method, s) = (METHODS[key as usize / STATUSES], key as usize % STATUSES);
-                let _ = writeln!(out, "valve_requests_total{{app=\"{}\",method=\"{method}\",status=\"{s}\"}} {n}", a.name);
+                let _ =
+                    writeln!(out, "valve_requests_total{{app=\"{}\",method=\"{method}\",status=\"{s}\"}} {n}", a.name);
             }
         }
         /// A histogram family: its name, its help, and where an app keeps it.

@@ -29,7 +29,7 @@ use std::time::Duration;
 use rustix::process::Signal;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::process::ChildStdin;
+use tokio::process::{Child, ChildStdin};
 use tokio::sync::{oneshot, watch, Mutex};
 
 use super::conn::{Conn, Connect};
@@ -44,7 +44,7 @@ pub const PARENT_ID: WorkerId = NOT_A_WORKER;
 /// How the parent ended, for forks that were waiting on it.
 #[derive(Clone, Debug)]
 pub struct ParentExit {
-    status: String,
+    pub(super) status: String,
     code: Option<i32>,
     tail: Vec<String>,
 }
@@ -261,6 +261,20 @@ impl Process for Fork {
     }
 }
 
+/// Waits for a parent that forks workers (an app's preload parent, the warm
+/// parent) to exit, and says how, with its last lines of output.
+pub(super) async fn wait_parent(mut child: Child, own: super::reap::Own, tail: Arc<Tail>) -> ParentExit {
+    let status = child.wait().await;
+    drop(own);
+    // Its last output lines may still be on their way to the tail.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (status, code) = match status {
+        Ok(s) => (Exit::from_status(s).describe(), s.code()),
+        Err(e) => (format!("unknown ({e})"), None),
+    };
+    ParentExit { status, code, tail: tail.lines() }
+}
+
 async fn start_parent(spec: &Spec, spawner: &Spawner) -> Result<Parent, StartError> {
     let mut cmd = spec.command("preload")?;
     cmd.env("VALVE_PID", std::process::id().to_string())
@@ -274,15 +288,9 @@ async fn start_parent(spec: &Spec, spawner: &Spawner) -> Result<Parent, StartErr
     let (tx, gone) = watch::channel(None);
     let app = spec.name.clone();
     tokio::spawn(async move {
-        let status = child.wait().await;
-        drop(own);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let (status, code) = match status {
-            Ok(s) => (Exit::from_status(s).describe(), s.code()),
-            Err(e) => (format!("unknown ({e})"), None),
-        };
-        tracing::warn!(app = %app, worker = PARENT_ID, pid, status, "preload parent exited; forked workers keep serving");
-        let _ = tx.send(Some(ParentExit { status, code, tail: tail.lines() }));
+        let exit = wait_parent(child, own, tail).await;
+        tracing::warn!(app = %app, worker = PARENT_ID, pid, status = exit.status, "preload parent exited; forked workers keep serving");
+        let _ = tx.send(Some(exit));
     });
     tracing::info!(app = %spec.name, worker = PARENT_ID, pid, "preload parent started: loading the API once");
     Ok(Parent { pid, stdin, gone })
@@ -351,11 +359,7 @@ fn crash_reported(line: &str) -> Option<i32> {
     }
 }
 
-impl ParentExit {
-    pub(super) fn new(status: String, code: Option<i32>, tail: Vec<String>) -> ParentExit {
-        ParentExit { status, code, tail }
-    }
-}
+impl ParentExit {}
 
 /// valve's start time in clock ticks since boot (field 22 of /proc/self/stat):
 /// with the pid, it names this valve process even if the pid is reused later.

@@ -108,8 +108,11 @@ fn site_of(n: usize) -> tempfile::TempDir {
             format!("api{i}")
         };
         std::fs::create_dir(site.path().join(&name)).unwrap();
-        std::fs::write(site.path().join(&name).join("plumber.R"), "#* @get /echo\nfunction(msg = '') list(msg = msg)\n")
-            .unwrap();
+        std::fs::write(
+            site.path().join(&name).join("plumber.R"),
+            "#* @get /echo\nfunction(msg = '') list(msg = msg)\n",
+        )
+        .unwrap();
     }
     site
 }
@@ -122,11 +125,8 @@ async fn two_hundred_apps_scaled_to_zero_take_no_thread_each_and_check_lists_the
     };
 
     // --check: a short summary line, a row per app within a terminal's width, counts by kind.
-    let out = std::process::Command::new(crate::harness::valve_bin())
-        .args(flags(&many))
-        .arg("--check")
-        .output()
-        .unwrap();
+    let out =
+        std::process::Command::new(crate::harness::valve_bin()).args(flags(&many)).arg("--check").output().unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let lines: Vec<&str> = said.lines().collect();

@@ -28,12 +28,11 @@ use tokio::process::{ChildStdin, Command};
 use tokio::sync::{watch, Mutex};
 use tokio_util::sync::CancellationToken;
 
-use super::fork::{own_start_time, Fork, ParentExit};
+use super::fork::{own_start_time, wait_parent, Fork, ParentExit};
 use super::output::{self, Sink, Tail, NOT_A_WORKER};
-use super::process::{pid_of, Exit};
+use super::process::pid_of;
 use super::spawn::{Launchable, Spawner, Spec};
 use super::wire::WorkerId;
-
 
 /// The least time between two starts of a parent that died.
 const RESTART_AFTER: Duration = Duration::from_secs(5);
@@ -41,7 +40,6 @@ const RESTART_AFTER: Duration = Duration::from_secs(5);
 /// A fork's exit code when the app needs a fresh R; when it could not enter its sandbox.
 pub const NEEDS_FRESH_R: i32 = 6;
 pub const SANDBOX_FAILED: i32 = 7;
-
 
 /// What the warm parent is made of.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,7 +60,12 @@ pub struct Zygotes {
 impl Zygotes {
     /// Must be called inside the runtime that will own the parents.
     pub fn new(run_dir: Arc<tempfile::TempDir>, packages: Vec<String>) -> io::Result<Arc<Zygotes>> {
-        Ok(Arc::new(Zygotes { packages, run_dir, spawner: Spawner::shared()?, parents: StdMutex::new(BTreeMap::new()) }))
+        Ok(Arc::new(Zygotes {
+            packages,
+            run_dir,
+            spawner: Spawner::shared()?,
+            parents: StdMutex::new(BTreeMap::new()),
+        }))
     }
 
     /// The warm parent for `r_bin`, starting it in the background if new.
@@ -213,15 +216,13 @@ impl Zygote {
         output::forward(&mut child, &Sink::of("warm-parent", NOT_A_WORKER, tail.clone()));
         let (tx, gone) = watch::channel(None);
         tokio::spawn(async move {
-            let status = child.wait().await;
-            drop(own);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            let (status, code) = match status {
-                Ok(s) => (Exit::from_status(s).describe(), s.code()),
-                Err(e) => (format!("unknown ({e})"), None),
-            };
-            tracing::warn!(pid, status, "the warm parent exited; workers start as fresh R until it is back");
-            let _ = tx.send(Some(ParentExit::new(status, code, tail.lines())));
+            let exit = wait_parent(child, own, tail).await;
+            tracing::warn!(
+                pid,
+                status = exit.status,
+                "the warm parent exited; workers start as fresh R until it is back"
+            );
+            let _ = tx.send(Some(exit));
         });
         tracing::info!(pid, r_bin = %self.recipe.r_bin.display(), packages = ?self.recipe.packages,
             "warm parent started: loading and warming the packages apps load");
