@@ -16,8 +16,8 @@
 //!
 //! A fork is not valve's child, so valve watches and signals it through a
 //! pidfd, which names that one process even if its pid is reused later. A fork
-//! cannot carry a parent-death signal to valve either, so the launcher has each
-//! fork check once a second that valve (by pid and start time) still runs.
+//! cannot take a parent-death signal from valve either, so each holds a
+//! lifeline (lifeline.rs): a pipe only valve holds open, watched by a thread.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -128,6 +128,9 @@ pub(super) struct Fork {
     /// wait for its status).
     said_exit: Arc<StdMutex<Option<Exit>>>,
     exit: Option<Exit>,
+    /// Ends when the FIFO's reader has read all the fork wrote (its sender is
+    /// dropped then).
+    read_all: Option<oneshot::Receiver<()>>,
     /// Whose fork it is: "app preload" or "warm parent".
     started_by: &'static str,
 }
@@ -166,9 +169,24 @@ impl Fork {
         let tail = Arc::new(Tail::default());
         let (pid_tx, pid_rx) = oneshot::channel();
         let said_exit = Arc::new(StdMutex::new(None));
-        tokio::spawn(fork_output(output, spec.sink(id, tail.clone()), pid_tx, said_exit.clone()));
-        let fork =
-            Fork { parent, pid_rx: Some(pid_rx), pid: None, pidfd: None, tail, said_exit, exit: None, started_by };
+        let (reading, read_all) = oneshot::channel::<()>();
+        let sink = spec.sink(id, tail.clone());
+        let said = said_exit.clone();
+        tokio::spawn(async move {
+            fork_output(output, sink, pid_tx, said).await;
+            drop(reading);
+        });
+        let fork = Fork {
+            parent,
+            pid_rx: Some(pid_rx),
+            pid: None,
+            pidfd: None,
+            tail,
+            said_exit,
+            exit: None,
+            read_all: Some(read_all),
+            started_by,
+        };
         Ok((fifo, fork))
     }
 
@@ -234,8 +252,10 @@ impl Process for Fork {
             if let Some(fd) = &self.pidfd {
                 let _ = fd.readable().await;
             }
-            // Its last words on the FIFO may trail the exit by a moment.
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // Its last words on the FIFO: the reader drains them, then ends.
+            if let Some(read) = self.read_all.take() {
+                let _ = tokio::time::timeout(Duration::from_millis(200), read).await;
+            }
             let said = self.said_exit.lock().unwrap_or_else(|p| p.into_inner()).clone();
             let exit = said.unwrap_or(Exit::Unknown);
             self.exit = Some(exit.clone());
@@ -315,8 +335,8 @@ async fn fork_output(
             Some(fd) => tokio::select! {
                 line = output::next_line(&mut reader) => line,
                 _ = fd.readable() => {
-                    // Whatever it wrote before it exited is still in the pipe.
-                    while let Ok(Some(line)) = tokio::time::timeout(Duration::from_millis(20), output::next_line(&mut reader)).await {
+                    // Whatever it wrote before it exited is in the pipe now.
+                    for line in drain(reader).await {
                         handle_line(line, pid, &sink, &said_exit);
                     }
                     return;
@@ -335,6 +355,33 @@ async fn fork_output(
         }
         handle_line(line, pid, &sink, &said_exit);
     }
+}
+
+/// The most a fork's FIFO is read once the fork is gone (a child it left
+/// behind may still write there).
+const DRAIN_MAX: usize = 1 << 20;
+
+/// The lines left in a gone fork's FIFO: what the reader holds, then the pipe
+/// read until it is empty (no waiting: the fork wrote them before it exited).
+async fn drain(reader: BufReader<tokio::net::unix::pipe::Receiver>) -> Vec<String> {
+    let mut rest = reader.buffer().to_vec();
+    let fifo = reader.into_inner();
+    let mut chunk = [0u8; 8192];
+    while rest.len() < DRAIN_MAX {
+        // The FIFO is non-blocking: an empty pipe says EAGAIN at once.
+        match rustix::io::read(&fifo, &mut chunk) {
+            Ok(0) => break,
+            Ok(n) => rest.extend_from_slice(&chunk[..n]),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => break,
+        }
+    }
+    let mut lines = Vec::new();
+    let mut bytes = &rest[..];
+    while let Some(line) = output::next_line(&mut bytes).await {
+        lines.push(line);
+    }
+    lines
 }
 
 fn handle_line(line: String, pid: u32, sink: &Sink, said_exit: &StdMutex<Option<Exit>>) {

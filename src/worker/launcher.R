@@ -304,7 +304,13 @@ local({
 
   if (shiny) {
     # Shiny serves a domain socket itself when `port` is a path with a `mask`.
-    suppressPackageStartupMessages(library(shiny))
+    # In a fork of the warm parent shiny is loaded already: attaching it is
+    # all library() would do, at a third of the cost.
+    if (isNamespaceLoaded("shiny") && !"package:shiny" %in% search()) {
+      suppressPackageStartupMessages(attachNamespace("shiny"))
+    } else {
+      suppressPackageStartupMessages(library(shiny))
+    }
     socket <- Sys.getenv("VALVE_SOCKET", "preload-parent")
     attr(socket, "mask") <- strtoi("077", 8L)
     imports <- parent.env(asNamespace("shiny"))

@@ -122,6 +122,8 @@ fn each_fork_of_the_warm_parent_is_its_apps_own_worker_and_an_app_that_needs_a_f
     assert_eq!(code, 200);
     assert!(page.contains("renviron=app-own"), "{page}");
     assert!(page.contains(&format!("wd={}", site.path().join("app").display())), "{page}");
+    // The parent has plumber attached for plumber's forks; a Shiny worker, as in a fresh R, has shiny only.
+    assert!(page.contains("attached=package:shiny<"), "{page}");
     assert_eq!(get(&v.get("/doc/")).0, 200, "the interactive document serves");
     if as_root() {
         let (api_uid, app_uid) = (status_app(&v, "api")["uid"].clone(), status_app(&v, "app")["uid"].clone());
