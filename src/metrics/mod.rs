@@ -18,6 +18,8 @@ use crate::worker::WorkerId;
 mod auth;
 mod compact;
 mod family;
+mod process;
+mod reasons;
 mod session;
 mod shiny;
 mod trace;
@@ -25,105 +27,14 @@ pub use auth::{AuthCounts, AuthResult};
 use compact::{Counts, Repeat, Runs};
 pub use family::Histogram;
 use family::{header, BUCKETS, LONG_BUCKETS};
+use process::{process_metrics, single};
+pub use reasons::{ExitReason, Rejection};
 pub use session::{SessionLength, SessionUse};
 pub use shiny::{Reconnects, SessionEnd};
 pub use trace::{SpanDrop, TraceCounts};
 
 const METHODS: [&str; 8] = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "OTHER"];
 const STATUSES: usize = 600;
-
-/// Why a worker left the pool (the `reason` label of `valve_worker_exits_total`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExitReason {
-    Idle,
-    Recycled,
-    Memory,
-    Timeout,
-    Broken,
-    Unresponsive,
-    Budget,
-    Shutdown,
-    Crashed,
-    FailedStart,
-}
-
-impl ExitReason {
-    const ALL: [ExitReason; 10] = [
-        ExitReason::Idle,
-        ExitReason::Recycled,
-        ExitReason::Memory,
-        ExitReason::Timeout,
-        ExitReason::Broken,
-        ExitReason::Unresponsive,
-        ExitReason::Budget,
-        ExitReason::Shutdown,
-        ExitReason::Crashed,
-        ExitReason::FailedStart,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ExitReason::Idle => "idle",
-            ExitReason::Recycled => "max_requests",
-            ExitReason::Memory => "max_memory",
-            ExitReason::Timeout => "request_timeout",
-            ExitReason::Broken => "broken",
-            ExitReason::Unresponsive => "unresponsive",
-            ExitReason::Budget => "budget",
-            ExitReason::Shutdown => "shutdown",
-            ExitReason::Crashed => "crashed",
-            ExitReason::FailedStart => "failed_start",
-        }
-    }
-}
-
-/// Why valve answered a request itself (`valve_rejected_requests_total`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rejection {
-    QueueFull,
-    QueueTimeout,
-    ShuttingDown,
-    BodyTooLarge,
-    WorkerFailed,
-    RequestTimeout,
-    BadRequest,
-    /// The app's allow lists refused the caller (403).
-    AccessDenied,
-    /// A browser without an identity was sent to the sign-in URL (302).
-    SignIn,
-    /// The forward-auth service could not say who is calling (503).
-    AuthUnavailable,
-}
-
-impl Rejection {
-    const ALL: [Rejection; 10] = [
-        Rejection::QueueFull,
-        Rejection::QueueTimeout,
-        Rejection::ShuttingDown,
-        Rejection::BodyTooLarge,
-        Rejection::WorkerFailed,
-        Rejection::RequestTimeout,
-        Rejection::BadRequest,
-        Rejection::AccessDenied,
-        Rejection::SignIn,
-        Rejection::AuthUnavailable,
-    ];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Rejection::QueueFull => "queue_full",
-            Rejection::QueueTimeout => "queue_timeout",
-            Rejection::ShuttingDown => "shutting_down",
-            Rejection::BodyTooLarge => "body_too_large",
-            Rejection::WorkerFailed => "worker_failed",
-            Rejection::RequestTimeout => "request_timeout",
-            Rejection::BadRequest => "bad_request",
-            Rejection::AccessDenied => "access_denied",
-            Rejection::SignIn => "sign_in",
-            Rejection::AuthUnavailable => "auth_unavailable",
-        }
-    }
-}
 
 /// A quantile estimated from bucket deltas (upper bound of the bucket it falls in).
 fn quantile(deltas: &[u64; BUCKETS.len()], total: u64, q: f64) -> Option<f64> {
@@ -664,52 +575,6 @@ impl Registry {
         process_metrics(&mut out);
         out
     }
-}
-
-/// A metric with one unlabelled sample.
-fn single(out: &mut String, name: &str, kind: &str, help: &str, value: f64) {
-    header(out, name, kind, help);
-    let _ = writeln!(out, "{name} {value}");
-}
-
-/// The standard `process_*` metrics of valve itself, from /proc/self.
-fn process_metrics(out: &mut String) {
-    let ticks = 100.0; // USER_HZ on Linux
-    let page = rustix::param::page_size() as f64;
-    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
-        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-        let num = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        // Fields after the command: state is 0, so utime (14th of the line) is 11.
-        single(out, "process_cpu_seconds_total", "counter", "CPU time valve used.", (num(11) + num(12)) / ticks);
-        single(out, "process_virtual_memory_bytes", "gauge", "valve's virtual memory.", num(20));
-        single(out, "process_resident_memory_bytes", "gauge", "valve's resident memory.", num(21) * page);
-        if let Some(boot) = boot_time() {
-            single(
-                out,
-                "process_start_time_seconds",
-                "gauge",
-                "When valve started (Unix time).",
-                boot + num(19) / ticks,
-            );
-        }
-    }
-    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
-        single(out, "process_open_fds", "gauge", "File descriptors valve has open.", fds.count() as f64);
-    }
-    if let Some(max) = max_fds() {
-        single(out, "process_max_fds", "gauge", "The most file descriptors valve may open.", max);
-    }
-}
-
-fn boot_time() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    stat.lines().find_map(|l| l.strip_prefix("btime "))?.trim().parse().ok()
-}
-
-fn max_fds() -> Option<f64> {
-    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
-    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
-    line.split_whitespace().nth(3)?.parse().ok()
 }
 
 #[cfg(test)]

@@ -50,6 +50,43 @@ fn older_digest(lib: &Path) {
     assert!(Command::new("Rscript").args(["-e", &edit]).status().unwrap().success());
 }
 
+type About = std::collections::BTreeMap<String, String>;
+
+/// What a worker says it read at start: `key=value;` pairs from "renviron=" on.
+fn about_line(text: &str) -> Option<About> {
+    let at = text.find("renviron=")?;
+    let line = &text[at..text[at..].find(['<', '\n']).map_or(text.len(), |e| at + e)];
+    let pairs = line
+        .split(';')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    Some(pairs)
+}
+
+/// What a Shiny app's page says its worker read at start.
+fn about_page(url: &str) -> About {
+    let (code, page) = get(url);
+    assert_eq!(code, 200, "GET {url}: {page}");
+    about_line(&page).unwrap_or_else(|| panic!("GET {url}: no about line: {page}"))
+}
+
+/// Pages of `url` until two workers answered (a page that opened no session
+/// holds its worker a while, so the next one goes to the other).
+fn two_workers(url: &str) -> Vec<About> {
+    let mut seen: Vec<About> = Vec::new();
+    for _ in 0..12 {
+        let about = about_page(url);
+        if !seen.iter().any(|s| s["pid"] == about["pid"]) {
+            seen.push(about);
+        }
+        if seen.len() == 2 {
+            return seen;
+        }
+    }
+    panic!("GET {url}: one worker answered every page: {seen:?}");
+}
+
 fn status_app(v: &Valve, name: &str) -> serde_json::Value {
     let status = v.status();
     status["apps"].as_array().unwrap().iter().find(|a| a["name"] == name).unwrap().clone()
@@ -64,19 +101,18 @@ fn each_fork_of_the_warm_parent_is_its_apps_own_worker_and_an_app_that_needs_a_f
         return;
     }
     let site = app_dir();
-    for app in ["api", "app", "newer"] {
+    for app in ["api", "app", "doc", "newer"] {
         copy_dir(&fixture(&format!("warm/{app}")), &site.path().join(app));
     }
-    copy_dir(&fixture("rmd_shiny"), &site.path().join("doc"));
     older_digest(&site.path().join("newer/lib"));
     let config = site.path().join("valve.toml");
     std::fs::write(
         &config,
         format!(
-            "preload_packages = [\"digest\"]\nmax_workers = 6\n\
+            "preload_packages = [\"digest\"]\nmax_workers = 7\n\
              [[app]]\nname = \"api\"\nfile = \"{0}/api\"\nn_min = 2\nn_max = 2\nenv = {{ WARM_FROM_CONFIG = \"config\" }}\n\
-             [[app]]\nname = \"app\"\nfile = \"{0}/app\"\n\
-             [[app]]\nname = \"doc\"\nfile = \"{0}/doc\"\n\
+             [[app]]\nname = \"app\"\nfile = \"{0}/app\"\nn_min = 2\nn_max = 2\n\
+             [[app]]\nname = \"doc\"\nfile = \"{0}/doc\"\nn_min = 2\nn_max = 2\n\
              [[app]]\nname = \"newer\"\nfile = \"{0}/newer\"\n",
             site.path().display()
         ),
@@ -117,14 +153,35 @@ fn each_fork_of_the_warm_parent_is_its_apps_own_worker_and_an_app_that_needs_a_f
     }
     assert_ne!(seen[0]["draw"], seen[1]["draw"], "a seed of its own");
     assert_ne!(seen[0]["tempdir"], seen[1]["tempdir"], "a temporary folder of its own");
-    // The Shiny app's page and the document, each with what it read at start.
-    let (code, page) = get(&v.get("/app/"));
-    assert_eq!(code, 200);
-    assert!(page.contains("renviron=app-own"), "{page}");
-    assert!(page.contains(&format!("wd={}", site.path().join("app").display())), "{page}");
-    // The parent has plumber attached for plumber's forks; a Shiny worker, as in a fresh R, has shiny only.
-    assert!(page.contains("attached=package:shiny<"), "{page}");
-    assert_eq!(get(&v.get("/doc/")).0, 200, "the interactive document serves");
+    // The Shiny app's and the document's workers, each with what it read at start.
+    for (app, renviron, rprofile) in [("app", "app-own", "app's own"), ("doc", "doc-own", "doc's own")] {
+        let folder = site.path().join(app).display().to_string();
+        let seen = if app == "app" {
+            two_workers(&v.get(&format!("/{app}/")))
+        } else {
+            // A document is knitted for a browser's session: its workers note
+            // what they read at start in their home instead (its .Rprofile).
+            assert_eq!(get(&v.get("/doc/")).0, 200, "the interactive document serves");
+            let log = v.home("doc").join("workers.log");
+            let lines = || std::fs::read_to_string(&log).unwrap_or_default();
+            wait_until("both doc workers' notes", Duration::from_secs(30), || lines().lines().count() >= 2);
+            lines().lines().filter_map(about_line).collect()
+        };
+        for about in &seen {
+            assert_eq!(about["wd"], folder, "{app}: its folder is its working directory: {about:?}");
+            assert_eq!(about["renviron"], renviron, "{app}: its .Renviron: {about:?}");
+            assert_eq!(about["rprofile"], rprofile, "{app}: its .Rprofile: {about:?}");
+            if as_root() {
+                assert_eq!(about["uid"], status_app(&v, app)["uid"].to_string(), "{app}: its own user: {about:?}");
+            }
+        }
+        assert_ne!(seen[0]["draw"], seen[1]["draw"], "{app}: a seed of its own");
+        assert_ne!(seen[0]["tempdir"], seen[1]["tempdir"], "{app}: a temporary folder of its own");
+        if app == "app" {
+            // The parent has plumber attached for plumber's forks; a Shiny worker, as in a fresh R, shiny only.
+            assert_eq!(seen[0]["attached"], "package:shiny", "{app}: {:?}", seen[0]);
+        }
+    }
     if as_root() {
         let (api_uid, app_uid) = (status_app(&v, "api")["uid"].clone(), status_app(&v, "app")["uid"].clone());
         assert_ne!(api_uid, app_uid, "forks of one parent, two users");

@@ -11,13 +11,14 @@
 #      beside this file: a mount namespace and the app's view, its working
 #      directory, memory limit, groups, gid, uid, no new privileges);
 #   3. it takes the worker's environment (the app's own variables, HOME,
-#      TMPDIR...) and starts as R's own start-up would for the app: its
-#      .Renviron, its library paths, its project .Rprofile;
+#      TMPDIR...), its own temporary folder and random seed, and starts as
+#      R's own start-up would for the app: its .Renviron, its library paths,
+#      its project .Rprofile;
 #   4. it checks that nothing the parent loaded differs from what the app's
 #      library paths hold; if something does, it exits with code 6
 #      (`valve-fresh-r: WHY`) and valve starts a fresh R for the app instead;
-#   5. its own random seed and temporary folder; then it runs the launcher as
-#      a plain worker of the app (VALVE_LAUNCHER), which loads and serves it.
+#   5. it runs the launcher as a plain worker of the app (VALVE_LAUNCHER),
+#      which loads and serves it.
 #
 # Exit codes of a fork valve understands: 6 = needs a fresh R (the reason on
 # its FIFO), 7 = could not enter the app's sandbox (the step and the error).
@@ -194,6 +195,10 @@ local({
     } else {
       tempdir(check = TRUE)
     }
+    # A fresh individual before any of the app's own code runs (its .Rprofile
+    # may draw): R seeds its generator from the time and pid on next use.
+    if (exists(".Random.seed", envir = globalenv(), inherits = FALSE)) rm(".Random.seed", envir = globalenv())
+    if ("shiny" %in% loadedNamespaces()) assign("ownSeed", NULL, envir = shiny:::.globals)
     # plumber is attached here for plumber's forks; a fresh R worker of any
     # other app has only its own package attached.
     if (!startsWith(Sys.getenv("VALVE_APP_KIND"), "plumber") && "package:plumber" %in% search()) {
@@ -219,9 +224,6 @@ local({
         if (!is.null(why)) fresh_r(paste("its .Rprofile changes the library paths and", why))
       }
     }
-    # A fresh individual: R seeds its generator from the time and pid on next use.
-    if (exists(".Random.seed", envir = globalenv(), inherits = FALSE)) rm(".Random.seed", envir = globalenv())
-    if ("shiny" %in% loadedNamespaces()) assign("ownSeed", NULL, envir = shiny:::.globals)
     # A fork's parent is this R, not valve: it dies with valve by the lifeline
     # (a thread that waits on a pipe only valve holds open).
     started <- .C("valve_lifeline", lifeline, ok = FALSE, PACKAGE = dll[["name"]])
