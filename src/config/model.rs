@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::access::{Allow, Trust};
 use super::discover::AppSource;
 use super::otel::Otlp;
-use super::publish::Publishing;
+use super::publish::settings::Publishing;
 use super::users::{Account, Isolation, RunAs};
 
 /// valve's own paths: never an app's, never forwarded to R.

@@ -7,7 +7,7 @@
 
 mod keys;
 mod record;
-mod settings;
+pub(super) mod settings;
 
 use std::path::Path;
 
