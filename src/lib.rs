@@ -145,15 +145,7 @@ pub async fn run(
         ),
         false => None,
     };
-    let usage = usage::Settings { log: config.server.usage_log.clone(), anonymize: config.server.usage_anonymize };
-    let opened = registry.usage.open(&usage).map_err(RunError::Usage)?;
-    if let Some(path) = &usage.log {
-        tracing::info!(path = %path.display(), sessions = opened.sessions, hours = opened.hours,
-            "usage log read back: sessions and request counts");
-        if opened.unreadable > 0 {
-            tracing::warn!(path = %path.display(), lines = opened.unreadable, "lines of the usage log are not usage records; skipped");
-        }
-    }
+    open_usage(&registry, &config)?;
     let router = Arc::new(Router::default());
     let apps = Apps::new(
         router.clone(),
@@ -177,29 +169,7 @@ pub async fn run(
         max_head: MAX_HEAD_BYTES * 2,
     };
     let publish: Option<Arc<dyn http::server::Publish>> = publisher.clone().map(|p| p as _);
-    let admin_addr = match admin_listener {
-        Some(l) => {
-            let a = l.local_addr().ok();
-            http::server::serve_admin(l, admin.clone(), limits, publish.clone());
-            a
-        }
-        None => None,
-    };
-    if let (Some(p), Some(settings)) = (&publish, &config.server.publish) {
-        match &settings.addr {
-            Some(at) => {
-                let l = bind_one(at, "pick another --publish-addr HOST:PORT").await?;
-                if let Ok(bound) = l.local_addr() {
-                    tracing::info!(addr = %bound, "publishing API on its own address");
-                }
-                http::server::serve_publish(l, p.clone(), limits);
-            }
-            None if admin_addr.is_none() => tracing::warn!(
-                "publishing is on but valve has no admin listener (--admin-addr off) and no --publish-addr: nobody can publish"
-            ),
-            None => {}
-        }
-    }
+    let admin_addr = serve_admin_and_publish(admin_listener, &admin, publish, &config, limits).await?;
     let tracer = trace::Tracer::start(config.server.otlp.as_ref(), registry.clone());
     let front = Front::new(
         router.clone(),
@@ -275,6 +245,56 @@ pub async fn run(
     registry.usage.close();
     tracer.shutdown().await;
     Ok(drained)
+}
+
+/// Opens the usage log, when there is one, and reads back what it holds.
+fn open_usage(registry: &Registry, config: &Config) -> Result<(), RunError> {
+    let usage = usage::Settings { log: config.server.usage_log.clone(), anonymize: config.server.usage_anonymize };
+    let opened = registry.usage.open(&usage).map_err(RunError::Usage)?;
+    if let Some(path) = &usage.log {
+        tracing::info!(path = %path.display(), sessions = opened.sessions, hours = opened.hours,
+            "usage log read back: sessions and request counts");
+        if opened.unreadable > 0 {
+            tracing::warn!(path = %path.display(), lines = opened.unreadable, "lines of the usage log are not usage records; skipped");
+        }
+    }
+    Ok(())
+}
+
+/// Serves valve's own pages on the admin listener, when there is one, and
+/// the publishing API on its own address, when asked; says where the admin
+/// pages are.
+async fn serve_admin_and_publish(
+    admin_listener: Option<TcpListener>,
+    admin: &Arc<Admin>,
+    publish: Option<Arc<dyn http::server::Publish>>,
+    config: &Config,
+    limits: ClientLimits,
+) -> Result<Option<SocketAddr>, RunError> {
+    let admin_addr = match admin_listener {
+        Some(l) => {
+            let a = l.local_addr().ok();
+            http::server::serve_admin(l, admin.clone(), limits, publish.clone());
+            a
+        }
+        None => None,
+    };
+    if let (Some(p), Some(settings)) = (&publish, &config.server.publish) {
+        match &settings.addr {
+            Some(at) => {
+                let l = bind_one(at, "pick another --publish-addr HOST:PORT").await?;
+                if let Ok(bound) = l.local_addr() {
+                    tracing::info!(addr = %bound, "publishing API on its own address");
+                }
+                http::server::serve_publish(l, p.clone(), limits);
+            }
+            None if admin_addr.is_none() => tracing::warn!(
+                "publishing is on but valve has no admin listener (--admin-addr off) and no --publish-addr: nobody can publish"
+            ),
+            None => {}
+        }
+    }
+    Ok(admin_addr)
 }
 
 fn hangups() -> Option<tokio::signal::unix::Signal> {
