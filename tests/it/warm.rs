@@ -110,7 +110,8 @@ fn each_fork_of_the_warm_parent_is_its_apps_own_worker_and_an_app_that_needs_a_f
         &config,
         format!(
             "preload_packages = [\"digest\"]\nmax_workers = 7\n\
-             [[app]]\nname = \"api\"\nfile = \"{0}/api\"\nn_min = 2\nn_max = 2\nenv = {{ WARM_FROM_CONFIG = \"config\" }}\n\
+             [[app]]\nname = \"api\"\nfile = \"{0}/api\"\nn_min = 2\nn_max = 2\nmemory_limit = \"150MB\"\n\
+             env = {{ WARM_FROM_CONFIG = \"config\" }}\n\
              [[app]]\nname = \"app\"\nfile = \"{0}/app\"\nn_min = 2\nn_max = 2\n\
              [[app]]\nname = \"doc\"\nfile = \"{0}/doc\"\nn_min = 2\nn_max = 2\n\
              [[app]]\nname = \"newer\"\nfile = \"{0}/newer\"\n",
@@ -151,6 +152,10 @@ fn each_fork_of_the_warm_parent_is_its_apps_own_worker_and_an_app_that_needs_a_f
             assert!(about["home"].as_str().unwrap().ends_with("/apps/api/home"), "its private home: {about}");
         }
     }
+    // Its memory_limit (150MB) bounds it as it would a fresh R (about 71MB with
+    // plumber loaded): what the parent loaded for every app is not charged to it.
+    assert_eq!(json(&v.get("/api/alloc?mb=50"))["result"], "allocated");
+    assert_eq!(get(&v.get("/api/alloc?mb=400")).0, 500, "past its memory_limit");
     assert_ne!(seen[0]["draw"], seen[1]["draw"], "a seed of its own");
     assert_ne!(seen[0]["tempdir"], seen[1]["tempdir"], "a temporary folder of its own");
     // The Shiny app's and the document's workers, each with what it read at start.

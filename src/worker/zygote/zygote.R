@@ -9,7 +9,8 @@
 #   1. its output goes to the FIFO valve made for it, its pid first;
 #   2. it enters the app's sandbox (valve_enter(), the C executor valve wrote
 #      beside this file: a mount namespace and the app's view, its working
-#      directory, memory limit, groups, gid, uid, no new privileges);
+#      directory, memory limit (on top of the data it inherits beyond a bare
+#      R's), groups, gid, uid, no new privileges);
 #   3. it takes the worker's environment (the app's own variables, HOME,
 #      TMPDIR...), its own temporary folder and random seed, and starts as
 #      R's own start-up would for the app: its .Renviron, its library paths,
@@ -24,6 +25,13 @@
 # its FIFO), 7 = could not enter the app's sandbox (the step and the error).
 local({
   started <- Sys.time()
+  # The data a bare R holds (RLIMIT_DATA counts it): what the parent loads
+  # beyond it for every app is not charged to a fork's memory_limit.
+  vm_data <- function() {
+    line <- grep("^VmData:", readLines("/proc/self/status"), value = TRUE)
+    as.numeric(sub("^VmData:[[:space:]]*([0-9]+) kB.*$", "\\1", line)) * 1024
+  }
+  bare_data <- vm_data()
   quiet_load <- function(pkg) suppressPackageStartupMessages(requireNamespace(pkg, quietly = TRUE))
   wanted <- c("jsonlite", "later", "httpuv", "plumber", "shiny", "rmarkdown", "knitr",
               strsplit(Sys.getenv("VALVE_PRELOAD_PACKAGES"), ",", fixed = TRUE)[[1]])
@@ -170,6 +178,14 @@ local({
       lockBinding(name, base)
     }
     steps <- as.character(unlist(job$steps))
+    # An app's memory_limit bounds a fork as it would a fresh R: the data the
+    # fork inherits beyond a bare R's (the packages the parent loaded for
+    # every app) comes on top of it.
+    data_step <- grep("^data [0-9]+$", steps)
+    if (length(data_step) == 1L) {
+      limit <- as.numeric(sub("^data ", "", steps[data_step]))
+      steps[data_step] <- sprintf("data %.0f", limit + max(0, vm_data() - bare_data))
+    }
     entered <- .C("valve_enter", steps, length(steps), failed = -1L, errno = 0L, PACKAGE = dll[["name"]])
     if (entered$failed >= 0L) {
       cat("valve-fork-failed: ", steps[entered$failed + 1L], ": errno ", entered$errno, "\n", sep = "")
