@@ -56,6 +56,10 @@ local({
       sys.source(Sys.getenv("VALVE_LOOP"), envir = env, keep.source = FALSE)
       env$valve_warm_up(router)
       options(valve.frames_env = env)
+      # A frames worker connects to valve with socketConnection(): R loads its
+      # internet module on the first one (a refused connection does it here).
+      try(suppressWarnings(close(socketConnection("127.0.0.1", port = 1L, blocking = FALSE, open = "r+b",
+                                                  timeout = 1))), silent = TRUE)
       # plumber's run() up to its server (the docs' set-up, hooks), as the
       # launcher drives it, with httpuv's runServer a no-op for the while.
       real <- httpuv::runServer
