@@ -445,7 +445,20 @@ def pin_binary(binary: Path, workdir: Path) -> Path:
     (workdir / "bin").mkdir(parents=True, exist_ok=True)
     dst = workdir / "bin" / binary.name
     shutil.copy2(binary, dst)
+    # The commit it was pinned at: the tree may move on while it runs.
+    _PINNED_AT[dst] = _commit()
     return dst
+
+
+_PINNED_AT: dict[Path, str] = {}
+
+
+def _commit() -> str:
+    """The repository's commit, and whether src/ or Cargo.* differ from it."""
+    commit = _cmd_out(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"])
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "src", "Cargo.toml", "Cargo.lock"],
+                           capture_output=True, text=True).stdout.strip()
+    return commit + (" + uncommitted changes in src/ or Cargo.*" if dirty else "")
 
 
 def valve_binary(no_build: bool) -> Path:
@@ -561,9 +574,8 @@ def machine_info(valve_bin: Path | None, want: tuple[str, ...] = ("nginx", "wrk"
                 break
     except OSError:
         pass
-    commit = _cmd_out(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"])
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "src", "Cargo.toml", "Cargo.lock"],
-                           capture_output=True, text=True).stdout.strip()
+    commit = _PINNED_AT.get(valve_bin) if valve_bin else None
+    commit = commit or _commit()
     info = {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "nproc": str(NCPU),
@@ -572,8 +584,7 @@ def machine_info(valve_bin: Path | None, want: tuple[str, ...] = ("nginx", "wrk"
         "kernel": platform.release(),
         "R": _cmd_out(["R", "--version"], r"R version (\S+)"),
         "plumber": _cmd_out(["Rscript", "-e", "cat(format(packageVersion('plumber')))"], r"([\d.]+)"),
-        "valve": f"{_cmd_out([str(valve_bin), '--version']) if valve_bin else 'n/a'}, git {commit}"
-                 + (" + uncommitted changes in src/ or Cargo.*" if dirty else ""),
+        "valve": f"{_cmd_out([str(valve_bin), '--version']) if valve_bin else 'n/a'}, git {commit}",
         "python": platform.python_version(),
     }
     if "nginx" in want:
