@@ -170,12 +170,7 @@ impl Fork {
         let (pid_tx, pid_rx) = oneshot::channel();
         let said_exit = Arc::new(StdMutex::new(None));
         let (reading, read_all) = oneshot::channel::<()>();
-        let sink = spec.sink(id, tail.clone());
-        let said = said_exit.clone();
-        tokio::spawn(async move {
-            fork_output(output, sink, pid_tx, said).await;
-            drop(reading);
-        });
+        tokio::spawn(fork_output(output, spec.sink(id, tail.clone()), pid_tx, said_exit.clone(), reading));
         let fork = Fork {
             parent,
             pid_rx: Some(pid_rx),
@@ -323,6 +318,8 @@ async fn fork_output(
     sink: Sink,
     pid_tx: oneshot::Sender<u32>,
     said_exit: Arc<StdMutex<Option<Exit>>>,
+    // Held until the last line is read: dropping it tells `Fork::exited`.
+    _reading: oneshot::Sender<()>,
 ) {
     let mut reader = BufReader::new(fifo);
     let mut pid = 0;
@@ -405,8 +402,6 @@ fn crash_reported(line: &str) -> Option<i32> {
         _ => None,
     }
 }
-
-impl ParentExit {}
 
 /// valve's start time in clock ticks since boot (field 22 of /proc/self/stat):
 /// with the pid, it names this valve process even if the pid is reused later.
