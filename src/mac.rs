@@ -34,35 +34,15 @@ impl Key {
     }
 
     /// The key kept in `path` (64 hex digits), or a new random one written
-    /// there first (created mode 0600, never overwritten). For a hash that
+    /// there first (created mode 0600, never overwritten;
+    /// an existing one is used only while no other user can read or change it). For a hash that
     /// must stay the same across restarts; any other key stays in memory.
     pub fn persistent(path: &std::path::Path) -> Result<Key, KeyFileError> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let bad = |why: String| KeyFileError { path: path.display().to_string(), why };
-        match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
-            Ok(mut file) => {
-                let key = Key::random();
-                file.write_all(format!("{}\n", hex(&key.0)).as_bytes())
-                    .and_then(|()| file.sync_all())
-                    .map_err(|e| bad(format!("cannot write it: {e}")))?;
-                Ok(key)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
-                let text = text.trim();
-                let mut k = [0u8; 32];
-                let parsed = text.len() == 64
-                    && k.iter_mut().enumerate().all(|(i, b)| {
-                        u8::from_str_radix(text.get(2 * i..2 * i + 2).unwrap_or("x"), 16).map(|v| *b = v).is_ok()
-                    });
-                if !parsed {
-                    return Err(bad("it does not hold a key of 64 hex digits (move it away to start a new one: users then hash differently)".into()));
-                }
-                Ok(Key(k))
-            }
-            Err(e) => Err(bad(format!("cannot create it: {e}"))),
-        }
+        // The key file is checked before use (root's or valve's, mode 0600).
+        crate::config::secret_file::key_in(path, "the key file").map(Key).map_err(|why| KeyFileError {
+            path: path.display().to_string(),
+            why: why.strip_prefix(&format!("the key file {}: ", path.display())).unwrap_or(&why).to_string(),
+        })
     }
 
     /// The full 256-bit tag of `parts`, each length-prefixed so that no two

@@ -457,3 +457,42 @@ async fn the_v1_calls_publish_static_content_with_no_r_roll_back_and_set_who_may
     assert!(resp.text().await.unwrap().contains("leads out of the bundle's folder"));
     assert!(valve.log().contains("key=laptop"));
 }
+
+#[test]
+fn a_keys_file_others_can_change_or_whose_plain_keys_they_can_read_is_refused_naming_it_and_the_fix() {
+    use std::os::unix::fs::PermissionsExt;
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    folder(&w.join("site"), "front", "index.html", "<h1>front</h1>");
+    let keys = w.join("keys");
+    let check = |mode: u32, text: &str| {
+        std::fs::write(&keys, text).unwrap();
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(mode)).unwrap();
+        let args = ["--check", "--site", w.join("site").to_str().unwrap(), "--publish-dir"];
+        let published = w.join("published");
+        let mut args: Vec<&str> = args.to_vec();
+        args.extend([published.to_str().unwrap(), "--publish-keys-file", keys.to_str().unwrap()]);
+        Valve::run_to_exit(&args, Duration::from_secs(30))
+    };
+    let (_, hashed) = new_key("ci");
+    let plain = "laptop a-plain-key-long-enough-to-use-1234\n";
+    let path = keys.display().to_string();
+    // Anyone may change it: refused, even holding only hashes, with exit 2 as for any bad setting.
+    let writable = check(0o666, &format!("{hashed}\n"));
+    assert_eq!(writable.status.code(), Some(2), "{}", writable.stderr);
+    assert!(
+        writable.stderr.contains(&format!("publish_keys_file {path}: its mode 0666 lets other users change it"))
+            && writable.stderr.contains(&format!("chmod 600 {path}")),
+        "{}",
+        writable.stderr
+    );
+    // Plain keys others may read: refused; private: used.
+    let readable = check(0o644, plain);
+    assert_eq!(readable.status.code(), Some(2), "{}", readable.stderr);
+    assert!(readable.stderr.contains("its mode 0644 lets other users read the secret it holds"), "{}", readable.stderr);
+    let private = check(0o600, plain);
+    assert_eq!(private.status.code(), Some(0), "{}", private.stderr);
+    // Only hashes: no secret to read, so others may.
+    let hashes = check(0o644, &format!("{hashed}\n"));
+    assert_eq!(hashes.status.code(), Some(0), "{}", hashes.stderr);
+}

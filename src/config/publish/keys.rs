@@ -70,6 +70,7 @@ pub fn read_keys(path: &Path) -> Result<PublishKeys, String> {
         };
         format!("publish_keys_file {}: {why} (one key a line: `NAME KEY` or `NAME sha256:HEX`; `valve publish-key NAME` makes one)", path.display())
     })?;
+    super::super::secret_file::check(path, "publish_keys_file", holds(&text))?;
     parse_keys(&text).map_err(|e| format!("publish_keys_file {}:{e}", path.display()))
 }
 
@@ -106,6 +107,20 @@ pub fn parse_keys(text: &str) -> Result<PublishKeys, String> {
         keys.push(PublishKey { name: name.to_string(), sha256 });
     }
     Ok(PublishKeys { keys })
+}
+
+/// What a keys file holds: a plain key on any line without a `sha256:` word
+/// makes it a secret only its owner may read.
+fn holds(text: &str) -> super::super::secret_file::Holds {
+    let plain = text
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or(""))
+        .any(|l| !l.trim().is_empty() && !l.split_whitespace().any(|w| w.starts_with("sha256:")));
+    if plain {
+        super::super::secret_file::Holds::Plain
+    } else {
+        super::super::secret_file::Holds::NoSecret
+    }
 }
 
 /// A new random key for `name` and the line that lets it publish (its hash:

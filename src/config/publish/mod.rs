@@ -188,6 +188,9 @@ mod tests {
         write_record(&app, &record).unwrap();
         let keys = d.path().join("keys");
         std::fs::write(&keys, format!("ci {}\n", "k".repeat(30))).unwrap();
+        // A plain key: only its owner may read the file.
+        let private = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600);
+        std::fs::set_permissions(&keys, private).unwrap();
         let (dir, keys) = (dir.display().to_string(), keys.display().to_string());
         (d, dir, keys)
     }
