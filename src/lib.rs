@@ -191,7 +191,7 @@ pub async fn run(
             listing: matches!(source, Source::Site(..)),
         },
     );
-    for note in &config.notes {
+    for note in config.notes.iter().chain(&config.uids.notes) {
         tracing::info!("{note}");
     }
     for warning in config.warnings() {

@@ -59,6 +59,9 @@ fn main() -> ExitCode {
         }
     };
     if args.check {
+        for note in config.notes.iter().chain(&config.uids.notes) {
+            eprintln!("valve: note: {note}");
+        }
         for warning in config.warnings() {
             eprintln!("valve: warning: {warning}");
         }

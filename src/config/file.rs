@@ -26,6 +26,7 @@ use super::otel::{self, Given, Otlp};
 use super::problems::{line_col, Problem, Problems};
 use super::publish::{Candidate, Publishing};
 use super::settle::{settle, Unfit};
+use super::uid_store::Store;
 use super::users::{parse_uid_range, Isolation, RunAs};
 
 type Val = Spanned<toml::Value>;
@@ -184,14 +185,18 @@ impl<'a> Cx<'a> {
         }
         let private = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
         let server = self.server(&apps, base, private, publish?)?;
+        let mut said = Default::default();
         if let Some(range) = self.uid_range() {
-            for (i, why) in settle(&mut apps, &self.args.kernel, range) {
+            let store = Store { dir: server.state_dir.clone(), record: !self.args.check };
+            let settled = settle(&mut apps, &self.args.kernel, range, &store);
+            said = settled.said;
+            for (i, why) in settled.unfit {
                 // The app's own run_as, else the top level's; a folder problem at the app's table
                 // (a published app has none: said without a place).
                 match why {
                     Unfit::RunAs(m) => {
-                        let place = spans
-                            .get(i)
+                        let place = i
+                            .and_then(|i| spans.get(i))
                             .and_then(|span| app_tables_key(self.text, span, "run_as"))
                             .or_else(|| self.top.get("run_as").map(|v| v.span()));
                         match place {
@@ -199,7 +204,7 @@ impl<'a> Cx<'a> {
                             None => self.nowhere(m),
                         }
                     }
-                    Unfit::Folder(m) => match spans.get(i) {
+                    Unfit::Folder(m) | Unfit::Uid(m) => match i.and_then(|i| spans.get(i)) {
                         Some(span) => self.at(span.clone(), m),
                         None => self.nowhere(m),
                     },
@@ -217,7 +222,7 @@ impl<'a> Cx<'a> {
                 None => self.nowhere(message),
             }
         }
-        Some(Config { server, apps, notes: Vec::new() })
+        Some(Config { server, apps, notes: Vec::new(), uids: said })
     }
 
     /// `preload_packages`: a list of R package names (or one comma-separated string).

@@ -16,6 +16,7 @@ use super::otel::{self, Otlp};
 use super::publish::{self, Candidate, Publishing, VersionRule};
 use super::settle::{settle, Unfit};
 use super::site;
+use super::uid_store::Store;
 use super::users::{parse_uid_range, Account, AccountKind, Isolation, Kernel, RunAs};
 
 /// One port in front of a pool of R worker processes running a plumber API or a Shiny app.
@@ -513,7 +514,7 @@ impl Args {
             return Err(ConfigError::MinAboveBudget { n_min, max });
         }
         // Whom every app runs as, the published ones among them (own uids are settled together).
-        self.settle(&mut config.apps)?;
+        self.settle(&mut config)?;
         Ok(config)
     }
 
@@ -556,9 +557,9 @@ impl Args {
         if app.n_min > server.max_workers {
             return Err(ConfigError::MinAboveBudget { n_min: app.n_min, max: server.max_workers });
         }
-        let mut apps = vec![app];
-        self.settle(&mut apps)?;
-        Ok(Config { server, apps, notes: Vec::new() })
+        let mut config = Config { server, apps: vec![app], notes: Vec::new(), uids: Default::default() };
+        self.settle(&mut config)?;
+        Ok(config)
     }
 
     /// `--site DIR`: each app folder at `/<folder>`, with the flags' settings.
@@ -582,24 +583,27 @@ impl Args {
         if n_min > server.max_workers {
             return Err(ConfigError::MinAboveBudget { n_min, max: server.max_workers });
         }
-        let mut apps = apps;
-        self.settle(&mut apps)?;
-        Ok(Config { server, apps, notes })
+        let mut config = Config { server, apps, notes, uids: Default::default() };
+        self.settle(&mut config)?;
+        Ok(config)
     }
 
     /// Whom each app runs as, and whether that user can read it.
-    fn settle(&self, apps: &mut [AppConfig]) -> Result<(), ConfigError> {
+    fn settle(&self, config: &mut Config) -> Result<(), ConfigError> {
         let range =
             parse_uid_range(&self.uid_range).map_err(|why| ConfigError::Isolation(format!("--uid-range {why}")))?;
-        let unfit = settle(apps, &self.kernel, range);
-        if unfit.is_empty() {
+        let store = Store { dir: config.server.state_dir.clone(), record: !self.check };
+        let settled = settle(&mut config.apps, &self.kernel, range, &store);
+        config.uids = settled.said;
+        if settled.unfit.is_empty() {
             return Ok(());
         }
-        let lines: Vec<String> = unfit
+        let lines: Vec<String> = settled
+            .unfit
             .into_iter()
             .map(|(_, u)| match u {
                 Unfit::RunAs(m) => m.replace("run_as = ", "--run-as "),
-                Unfit::Folder(m) => m,
+                Unfit::Folder(m) | Unfit::Uid(m) => m.replace("uid_range ", "--uid-range "),
             })
             .collect();
         Err(ConfigError::Isolation(lines.join("\n")))

@@ -14,7 +14,9 @@
 //! `problems` (a config file's
 //! problems with line and column), `keys` (the names of its settings),
 //! `users` (whom an app's R runs as: `run_as`, an app's own uid, what the
-//! kernel lets valve do), `settle` (accounts and readable folders, once
+//! kernel lets valve do), `uids` and `uid_store` (the table of the uids
+//! given, which never move, and its file), `secret_file` (whether a file of
+//! keys may be trusted), `settle` (accounts and readable folders, once
 //! every app is read), `site` (`--site`), `flags` (clap), `file` (the TOML
 //! reader), `source` (where a configuration comes from, for reloads),
 //! `publish` (publishing's settings, keys file and records, and the
@@ -35,10 +37,13 @@ mod problems;
 pub mod publish;
 pub mod reference;
 mod rmd;
+pub mod secret_file;
 mod settle;
 mod site;
 mod source;
 mod table;
+mod uid_store;
+mod uids;
 mod users;
 
 pub use access::{Allow, AuthService, Cidr, Trust};
@@ -51,4 +56,5 @@ pub use problems::{Problem, Problems};
 pub use rmd::{is_output_of_a_document, Runtime};
 pub use source::{LoadError, Source};
 pub use table::{summary, table};
+pub use uid_store::UidNotes;
 pub use users::{blocked_ancestor, Account, AccountKind, Isolation, Kernel, RunAs, DEFAULT_UID_RANGE};

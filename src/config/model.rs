@@ -26,6 +26,8 @@ pub struct Config {
     pub apps: Vec<AppConfig>,
     /// Things worth saying at start-up (folders `--site` skipped).
     pub notes: Vec<String>,
+    /// What was said of the apps' own uids (given now, kept outside the range).
+    pub uids: super::uid_store::UidNotes,
 }
 
 impl Config {
@@ -44,6 +46,7 @@ impl Config {
                 )
             })
             .collect();
+        out.extend(self.uids.warnings.iter().cloned());
         let r_apps = || self.apps.iter().filter(|a| !a.is_static());
         for a in r_apps().filter(|a| a.account.kind == super::users::AccountKind::Root) {
             out.push(format!(

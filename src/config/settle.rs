@@ -1,11 +1,12 @@
 //! What is decided once every app of a configuration is read: whom each
-//! app's R runs as (an app's own uid depends on the other apps' names only
-//! when two collide) and whether that user can read the app's folder and
+//! app's R runs as (an app's own uid: the one the uid table gives it, a
+//! new name taking a free one) and whether that user can read the app's folder and
 //! file, so that a configuration that cannot work stops valve (exit 2, also
 //! under `--check`) instead of failing at its first worker.
 
 use super::model::AppConfig;
-use super::users::{self, Isolation, Kernel};
+use super::uid_store::{Store, UidNotes};
+use super::users::{self, Isolation, Kernel, RunAs};
 
 /// Why an app cannot run as configured.
 #[derive(Debug, PartialEq, Eq)]
@@ -14,19 +15,55 @@ pub enum Unfit {
     RunAs(String),
     /// The app's user cannot read its folder or file (or reach it, without a private view).
     Folder(String),
+    /// No uid is free for the app, or (no app's) the uid table cannot be used.
+    Uid(String),
 }
 
-/// Resolves each app's account in place; returns what is wrong, by app index.
-pub fn settle(apps: &mut [AppConfig], kernel: &Kernel, range: (u32, u32)) -> Vec<(usize, Unfit)> {
-    let names: Vec<&str> = apps.iter().map(|a| a.name.as_str()).collect();
-    let own = users::own_uids(&names, range);
+/// What `settle` found: what is wrong, by app index (`None`: no one app's),
+/// and what to say about the uids.
+#[derive(Debug, Default)]
+pub struct Settled {
+    pub unfit: Vec<(Option<usize>, Unfit)>,
+    pub said: UidNotes,
+}
+
+/// Resolves each app's account in place, its own uid from the table in `store`.
+pub fn settle(apps: &mut [AppConfig], kernel: &Kernel, range: (u32, u32), store: &Store) -> Settled {
+    let mut settled = Settled::default();
+    let mut own_uids = std::collections::BTreeMap::new();
+    if kernel.switch_users {
+        let names: Vec<&str> = apps.iter().map(|a| a.name.as_str()).collect();
+        let own: Vec<&str> = apps.iter().filter(|a| a.run_as == RunAs::Own).map(|a| a.name.as_str()).collect();
+        // A uid a configured run_as names, or a user of this machine, is nobody's own.
+        let named: Vec<u32> = apps.iter().filter_map(|a| users::named_uid(&a.run_as)).collect();
+        let taken = |uid: u32| uid == kernel.uid || named.contains(&uid) || users::known_uid(uid);
+        match store.assign(&names, &own, range, &taken) {
+            Ok(assigned) => {
+                for (name, why) in assigned.refused {
+                    let i = apps.iter().position(|a| a.name == name);
+                    settled.unfit.push((i, Unfit::Uid(why)));
+                }
+                own_uids = assigned.uids;
+                settled.said = assigned.said;
+            }
+            Err(why) => {
+                settled.unfit.push((None, Unfit::Uid(why)));
+                return settled;
+            }
+        }
+    }
+    let unfit = &mut settled.unfit;
     let view = Isolation::from_kernel(kernel) == Isolation::View;
-    let mut unfit = Vec::new();
     for (i, app) in apps.iter_mut().enumerate() {
-        match users::resolve(&app.name, &app.run_as, own[i], kernel) {
+        let own_uid = match own_uids.get(&app.name) {
+            Some(uid) => *uid,
+            None if kernel.switch_users && app.run_as == RunAs::Own => continue, // refused above
+            None => 0,
+        };
+        match users::resolve(&app.name, &app.run_as, own_uid, kernel) {
             Ok(account) => app.account = account,
             Err(why) => {
-                unfit.push((i, Unfit::RunAs(format!("app `{}`: {why}", app.name))));
+                unfit.push((Some(i), Unfit::RunAs(format!("app `{}`: {why}", app.name))));
                 continue;
             }
         }
@@ -37,13 +74,13 @@ pub fn settle(apps: &mut [AppConfig], kernel: &Kernel, range: (u32, u32)) -> Vec
         let folder = app.folder();
         let file = Some(app.source.path()).filter(|p| *p != folder.as_path());
         if let Err(why) = users::check_readable(&app.name, &app.account, &folder, file) {
-            unfit.push((i, Unfit::Folder(why)));
+            unfit.push((Some(i), Unfit::Folder(why)));
             continue;
         }
         if !view {
             if let Some(blocked) = users::blocked_ancestor(&app.account, &folder.join(".")) {
                 unfit.push((
-                    i,
+                    Some(i),
                     Unfit::Folder(format!(
                         "app `{}`: its user {} cannot reach its folder {}: {} is not searchable by that user and valve cannot give apps a private view here (chmod o+x {}, move the app, or set run_as to a user who can)",
                         app.name,
@@ -56,5 +93,5 @@ pub fn settle(apps: &mut [AppConfig], kernel: &Kernel, range: (u32, u32)) -> Vec
             }
         }
     }
-    unfit
+    settled
 }

@@ -1,8 +1,8 @@
 //! Whom each app's R runs as. `run_as` as written (a user name, a uid, or
 //! `"root"` spelt out), resolved against the machine's user database; the
-//! user valve gives an app that names none (a uid in `uid_range` from a hash
-//! of the app's name: the same across restarts and reloads, with no set-up
-//! by the operator); and the isolation valve can give at all, from what it
+//! user valve gives an app that names none (a uid in `uid_range`, kept in the
+//! uid table: see `uids`; `own_uids` is how it was picked before the table,
+//! which seeds it); and the isolation valve can give at all, from what it
 //! runs as and what the kernel lets it do (`Kernel`, measured by the worker
 //! module before the configuration is read).
 
@@ -139,8 +139,8 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
 }
 
-/// The uid of each app of `names` that gets a user of its own: the range's
-/// start plus a hash of its name. Two names that land on one uid (rare: two
+/// The uid each app of `names` got before valve kept a uid table (which
+/// the first run seeds with it): the range's start plus a hash of its name. Two names that land on one uid (rare: two
 /// in a hundred million) are told apart in the order of their names, the
 /// later one taking the next free uid.
 pub fn own_uids(names: &[&str], range: (u32, u32)) -> Vec<u32> {
@@ -157,6 +157,19 @@ pub fn own_uids(names: &[&str], range: (u32, u32)) -> Vec<u32> {
         out[i] = range.0 + slot as u32;
     }
     out
+}
+
+/// The uid `run_as` names, if it names one (a number, or a user of this machine).
+pub fn named_uid(run_as: &RunAs) -> Option<u32> {
+    match run_as {
+        RunAs::Own => None,
+        RunAs::User(v) => v.parse().ok().or_else(|| lookup_name(v).map(|u| u.uid)),
+    }
+}
+
+/// Whether `uid` is a user of this machine (its user database).
+pub fn known_uid(uid: u32) -> bool {
+    lookup_uid(uid).is_some()
 }
 
 /// Resolves `run_as` for app `app` given what valve can do. `own_uid` is

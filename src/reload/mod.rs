@@ -545,7 +545,7 @@ impl Reloader {
                 );
             }
         }
-        for note in &config.notes {
+        for note in config.notes.iter().chain(&config.uids.notes) {
             tracing::info!("{note}");
         }
         for warning in config.warnings() {

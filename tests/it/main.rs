@@ -28,4 +28,5 @@ mod shiny;
 mod site;
 mod statics;
 mod traces;
+mod uids;
 mod warm;

@@ -1,0 +1,208 @@
+//! The app uid table on disk: `STATE_DIR/uids` (`NAME UID` a line, mode
+//! 0600) and the key that places a new name (`STATE_DIR/uids.key`, 0600,
+//! made when a first new name needs it). Read at start and at each reload,
+//! written only when a name is new (temporary file, fsync, rename), never
+//! under `--check`. The decisions are `uids`'; this is their edge on the disk.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use super::secret_file::{self, Holds};
+use super::uids::{self, Table};
+
+/// Where the table is and whether this load may write it.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pub dir: PathBuf,
+    /// False under `--check`: read, say what would be given, write nothing.
+    pub record: bool,
+}
+
+/// Said about the uids when a configuration is loaded.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UidNotes {
+    /// Uids given now (or, under `--check`, that would be).
+    pub notes: Vec<String>,
+    /// Uids kept outside a changed `uid_range`.
+    pub warnings: Vec<String>,
+}
+
+/// The uids of `own` (the apps that get a user of their own; `names` are
+/// all the apps, for the first run's seeding), names refused a uid with why,
+/// and what to say.
+pub struct Assigned {
+    pub uids: BTreeMap<String, u32>,
+    pub refused: Vec<(String, String)>,
+    pub said: UidNotes,
+}
+
+impl Store {
+    fn table_path(&self) -> PathBuf {
+        self.dir.join("uids")
+    }
+
+    /// Gives each of `own` its uid; `taken` says a uid is a user of the
+    /// machine or an app's `run_as`. An error is about the table or its
+    /// folder, and stops the whole configuration.
+    pub fn assign(
+        &self,
+        names: &[&str],
+        own: &[&str],
+        range: (u32, u32),
+        taken: &dyn Fn(u32) -> bool,
+    ) -> Result<Assigned, String> {
+        let path = self.table_path();
+        let found = self.read_table(&path)?;
+        let seeded = found.is_none();
+        let mut table = found.unwrap_or_else(|| uids::seed(names, own, range));
+        let mut said = UidNotes::default();
+        let new_names = own.iter().any(|n| !table.contains_key(*n));
+        let key_path = self.dir.join("uids.key");
+        let (key, provisional) = if !new_names {
+            ([0u8; 32], false)
+        } else if self.record || key_path.exists() {
+            (secret_file::key_in(&key_path, "the app uid key")?, false)
+        } else {
+            // --check before any key exists: where a new name lands is known at start only.
+            let mut k = [0u8; 32];
+            let _ = rustix::rand::getrandom(&mut k, rustix::rand::GetRandomFlags::empty());
+            (k, true)
+        };
+        let given = uids::give(&mut table, own, range, &key, taken);
+        let (lo, hi) = range;
+        let refused = given
+            .refused
+            .iter()
+            .map(|name| {
+                (
+                    name.clone(),
+                    format!(
+                        "app `{name}`: no uid of uid_range {lo}-{hi} is free for it (each is an app's in {} or a user's of this machine): widen uid_range, or set run_as for this app",
+                        path.display()
+                    ),
+                )
+            })
+            .collect::<Vec<_>>();
+        for (name, uid) in &given.outside {
+            said.warnings.push(format!(
+                "app `{name}` keeps uid {uid} from {}, outside uid_range {lo}-{hi}: a uid never moves, its files are owned by it (to move it, stop valve, chown the app's files and remove its line)",
+                path.display()
+            ));
+        }
+        let where_ = path.display();
+        if seeded && !table.is_empty() {
+            let n = table.len() - given.new.len();
+            if n > 0 {
+                said.notes.push(match self.record {
+                    true => format!("app uids: {n} recorded in {where_}, each as valve gave it before it kept them"),
+                    false => format!("app uids: {n} would be recorded in {where_} at start, each as valve gives it now (--check writes nothing)"),
+                });
+            }
+        }
+        for (name, uid) in &given.new {
+            said.notes.push(match (self.record, provisional) {
+                (true, _) => format!("app `{name}` is given uid {uid}, recorded in {where_}: it keeps it from now on"),
+                (false, false) => format!("app `{name}` is new: valve would give it uid {uid} at start (--check writes nothing)"),
+                (false, true) => format!("app `{name}` is new: valve gives it a free uid of uid_range at start, picked with a key made then (uid {uid} shown is an example; --check writes nothing)"),
+            });
+        }
+        if self.record && refused.is_empty() && (!given.new.is_empty() || (seeded && !table.is_empty())) {
+            self.write_table(&path, &table)?;
+        }
+        Ok(Assigned { uids: given.uids, refused, said })
+    }
+
+    /// The table, or `None` when there is none yet.
+    fn read_table(&self, path: &Path) -> Result<Option<Table>, String> {
+        let what = "the app uid table";
+        let opened = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path);
+        let mut file = match opened {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => {
+                return Err(format!("{what} {}: cannot read it: {e} (a symbolic link is not followed)", path.display()))
+            }
+        };
+        secret_file::check(&self.dir, "state_dir", Holds::NoSecret)?;
+        let meta = file.metadata().map_err(|e| format!("{what} {}: {e}", path.display()))?;
+        secret_file::judge_meta(path, what, &meta, Holds::NoSecret)?;
+        let mut text = String::new();
+        file.read_to_string(&mut text).map_err(|e| format!("{what} {}: cannot read it: {e}", path.display()))?;
+        uids::parse(&text).map(Some).map_err(|e| {
+            format!(
+                "{what} {}:{e} (valve writes it; restore it from a backup: a uid must not move, or its app's files change owner)",
+                path.display()
+            )
+        })
+    }
+
+    /// Writes the table whole, in one step: a reader sees the old or the new.
+    fn write_table(&self, path: &Path, table: &Table) -> Result<(), String> {
+        let bad = |e: std::io::Error| format!("the app uid table {}: cannot write it: {e}", path.display());
+        if !self.dir.exists() {
+            std::fs::create_dir_all(&self.dir)
+                .and_then(|()| std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o711)))
+                .map_err(|e| format!("state_dir {}: cannot create it: {e}", self.dir.display()))?;
+        }
+        secret_file::check(&self.dir, "state_dir", Holds::NoSecret)?;
+        let tmp = self.dir.join("uids.tmp");
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(bad(e)),
+            _ => {}
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .map_err(bad)?;
+        file.write_all(uids::render(table).as_bytes()).and_then(|()| file.sync_all()).map_err(bad)?;
+        std::fs::rename(&tmp, path).map_err(bad)?;
+        std::fs::File::open(&self.dir).and_then(|d| d.sync_all()).map_err(bad)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_is_seeded_written_once_read_back_and_never_written_under_check() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("state");
+        let range = (5000, 5999);
+        let check = Store { dir: dir.clone(), record: false };
+        let a = check.assign(&["api", "site"], &["api"], range, &|_| false).unwrap();
+        assert!(!dir.exists(), "--check writes nothing, not even the folder");
+        assert!(a.said.notes[0].contains("would be recorded"), "{:?}", a.said);
+        let store = Store { dir: dir.clone(), record: true };
+        let b = store.assign(&["api", "site"], &["api"], range, &|_| false).unwrap();
+        assert_eq!(a.uids, b.uids, "what --check says is what start gives");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("uids")).unwrap().lines().last(),
+            Some(&*format!("api {}", b.uids["api"]))
+        );
+        assert!(!dir.join("uids.key").exists(), "no key until a new name needs one");
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(std::fs::metadata(dir.join("uids")).unwrap().mode() & 0o777, 0o600);
+        // A new name: keyed, recorded; the key made 0600.
+        let c = store.assign(&["api", "new"], &["api", "new"], range, &|_| false).unwrap();
+        assert_eq!(c.uids["api"], b.uids["api"]);
+        assert!(c.said.notes.iter().any(|n| n.contains("app `new` is given uid")), "{:?}", c.said);
+        assert_eq!(std::fs::metadata(dir.join("uids.key")).unwrap().mode() & 0o777, 0o600);
+        let again = store.assign(&["new"], &["new"], range, &|_| false).unwrap();
+        assert_eq!(again.uids["new"], c.uids["new"]);
+        assert!(again.said.notes.is_empty());
+        // A table others may change is refused, naming it.
+        std::fs::set_permissions(dir.join("uids"), std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = store.assign(&["new"], &["new"], range, &|_| false).err().unwrap();
+        assert!(e.contains("uids") && e.contains("0666"), "{e}");
+        std::fs::write(dir.join("uids"), "new x\n").unwrap();
+        std::fs::set_permissions(dir.join("uids"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        let e = store.assign(&["new"], &["new"], range, &|_| false).err().unwrap();
+        assert!(e.contains(":1: ") && e.contains("backup"), "{e}");
+    }
+}
