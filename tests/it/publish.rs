@@ -468,10 +468,9 @@ fn a_keys_file_others_can_change_or_whose_plain_keys_they_can_read_is_refused_na
     let check = |mode: u32, text: &str| {
         std::fs::write(&keys, text).unwrap();
         std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(mode)).unwrap();
-        let args = ["--check", "--site", w.join("site").to_str().unwrap(), "--publish-dir"];
-        let published = w.join("published");
-        let mut args: Vec<&str> = args.to_vec();
-        args.extend([published.to_str().unwrap(), "--publish-keys-file", keys.to_str().unwrap()]);
+        let (site, published) = (w.join("site"), w.join("published"));
+        let args = [site.to_str().unwrap(), published.to_str().unwrap(), keys.to_str().unwrap()];
+        let args = ["--check", "--site", args[0], "--publish-dir", args[1], "--publish-keys-file", args[2]];
         Valve::run_to_exit(&args, Duration::from_secs(30))
     };
     let (_, hashed) = new_key("ci");

@@ -99,10 +99,6 @@ fn two_apps_whose_names_collide_keep_their_uids_in_either_order_across_reloads_a
     let state = tempfile::tempdir().unwrap();
     let v = start(&site.config(&[&b]), state.path());
     assert_eq!(uids(&v)[&b], shared, "a first run keeps the uid valve gave {b} before");
-    let table = state.path().join("uids");
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(&table).expect("the uid table is written in the state folder");
-    assert_eq!((meta.mode() & 0o777, meta.uid()), (0o600, 0), "root's, private");
     // a comes by a reload: its hash lands on b's uid, which b keeps.
     site.config(&[&a, &b]);
     v.signal(libc::SIGHUP);
@@ -117,6 +113,10 @@ fn two_apps_whose_names_collide_keep_their_uids_in_either_order_across_reloads_a
     assert_eq!(after[&b], shared, "{b} keeps its uid when {a} comes, though {a} sorts first: {after:?}");
     assert_ne!(after[&a], shared, "{after:?}");
     assert!((START..START + 1000).contains(&after[&a]), "{after:?}");
+    let table = state.path().join("uids");
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(&table).expect("the uid table is written in the state folder");
+    assert_eq!((meta.mode() & 0o777, meta.uid()), (0o600, 0), "root's, private");
     drop(v);
 
     // Restarted, the apps listed the other way round: the same uids.
