@@ -247,8 +247,8 @@ pub struct Args {
     pub auth_cache: String,
 
     /// The user each app's R runs as when valve runs as root (a user name or a uid). Unset: each
-    /// app gets a user of its own, a uid from --uid-range picked from a hash of the app's name
-    /// (stable across restarts and reloads). R never runs as root unless this says `root`.
+    /// app gets a user of its own, a uid from --uid-range, recorded in the state folder (`uids`)
+    /// when first given and never moved. R never runs as root unless this says `root`.
     #[arg(long = "run-as", env = "VALVE_RUN_AS", value_name = "USER")]
     pub run_as: Option<String>,
 
@@ -258,12 +258,13 @@ pub struct Args {
     #[arg(long = "memory-limit", env = "VALVE_MEMORY_LIMIT", value_name = "SIZE")]
     pub memory_limit: Option<String>,
 
-    /// Where valve keeps what outlives a run (each app's private home). Default: /var/lib/valve as
-    /// root, else $XDG_STATE_HOME/valve (~/.local/state/valve).
+    /// Where valve keeps what outlives a run (each app's private home, the table of the apps'
+    /// uids). Default: /var/lib/valve as root, else $XDG_STATE_HOME/valve (~/.local/state/valve).
     #[arg(long = "state-dir", env = "VALVE_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
 
-    /// The uids valve gives apps without --run-as (as root).
+    /// The uids valve gives apps without --run-as (as root); a uid once given is kept even outside
+    /// a changed range.
     #[arg(
         long = "uid-range",
         env = "VALVE_UID_RANGE",

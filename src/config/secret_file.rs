@@ -45,7 +45,8 @@ pub fn judge_meta(path: &Path, what: &str, meta: &std::fs::Metadata, holds: Hold
     judge(meta.mode(), meta.uid(), valve_uid, holds).map_err(|why| {
         let p = path.display();
         let owner = if valve_uid == 0 { "root".to_string() } else { valve_uid.to_string() };
-        format!("{what} {p}: {why}: valve does not use it (run `chown {owner} {p} && chmod 600 {p}`)")
+        let mode = if meta.is_dir() { "go-w" } else { "600" };
+        format!("{what} {p}: {why}: valve does not use it (run `chown {owner} {p} && chmod {mode} {p}`)")
     })
 }
 
