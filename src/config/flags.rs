@@ -595,7 +595,16 @@ impl Args {
             parse_uid_range(&self.uid_range).map_err(|why| ConfigError::Isolation(format!("--uid-range {why}")))?;
         let store = Store { dir: config.server.state_dir.clone(), record: !self.check };
         let settled = settle(&mut config.apps, &self.kernel, range, &store);
-        config.uids = settled.said;
+        // Settled again with the published apps: what the first time said stays, once.
+        for (said, to) in
+            [(settled.said.notes, &mut config.uids.notes), (settled.said.warnings, &mut config.uids.warnings)]
+        {
+            for line in said {
+                if !to.contains(&line) {
+                    to.push(line);
+                }
+            }
+        }
         if settled.unfit.is_empty() {
             return Ok(());
         }
