@@ -183,8 +183,9 @@ fn tarball(entries: &[(&str, &[u8])]) -> Vec<u8> {
     b.into_inner().unwrap().finish().unwrap()
 }
 
-/// Deploys `bundle` as content `guid` through the v1 calls; the task's last answer.
-async fn deploy(api: &str, auth: &str, guid: &str, bundle: Vec<u8>) -> serde_json::Value {
+/// Deploys `bundle` as content `guid` through the v1 calls: the task's last
+/// answer and every line it said.
+async fn deploy(api: &str, auth: &str, guid: &str, bundle: Vec<u8>) -> (serde_json::Value, Vec<String>) {
     let call = |method: reqwest::Method, path: &str| {
         client().request(method, format!("{api}{path}")).header("Authorization", auth)
     };
@@ -198,12 +199,20 @@ async fn deploy(api: &str, auth: &str, guid: &str, bundle: Vec<u8>) -> serde_jso
         .unwrap();
     assert_eq!(resp.status(), 202);
     let task = resp.json::<serde_json::Value>().await.unwrap()["task_id"].as_str().unwrap().to_string();
+    let (mut first, mut lines) = (0, Vec::new());
     for _ in 0..200 {
-        let t: serde_json::Value =
-            call(reqwest::Method::GET, &format!("/v1/tasks/{task}?wait=1")).send().await.unwrap().json().await.unwrap();
+        let t: serde_json::Value = call(reqwest::Method::GET, &format!("/v1/tasks/{task}?first={first}&wait=1"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        lines.extend(t["output"].as_array().into_iter().flatten().filter_map(|l| l.as_str()).map(String::from));
         if t["finished"] == true {
-            return t;
+            return (t, lines);
         }
+        first = t["last"].as_u64().unwrap_or(first);
     }
     panic!("the deployment of {guid} did not end");
 }
@@ -255,6 +264,8 @@ async fn an_apps_links_under_valves_names_in_its_run_folder_are_refused_and_neve
         let (code, page) = get(&v.get("/doc/"));
         code == 200 && page.contains("Rendered again.")
     });
+    let renders = v.log().matches("rootsafe-planted").count();
+    assert_eq!(renders, 2, "rendered again on the reload, into a new render folder");
     t.untouched("after the reload");
     no_worker_writes_a_root_file(&v, "after the reload");
 
@@ -276,7 +287,7 @@ async fn an_apps_links_under_valves_names_in_its_run_folder_are_refused_and_neve
     let plumber = std::fs::read(api.join("plumber.R")).unwrap();
     let planter = std::fs::read(api.join("plant.R")).unwrap();
     let bundle = || tarball(&[("manifest.json", manifest), ("plumber.R", &plumber), ("plant.R", &planter)]);
-    let done = deploy(&api_url, &auth, &guid, bundle()).await;
+    let (done, _) = deploy(&api_url, &auth, &guid, bundle()).await;
     assert_eq!(done["code"], 0, "the first deployment: {done}");
     let pub_run = std::fs::read_dir(run.join("apps"))
         .unwrap()
@@ -286,8 +297,9 @@ async fn an_apps_links_under_valves_names_in_its_run_folder_are_refused_and_neve
         .expect("the published app's run folder");
     let (made, _) = plant(&v, "/pub", &pub_run, &t, 60);
     assert_eq!(made, 0, "the published app made links in its run folder");
-    let done = deploy(&api_url, &auth, &guid, bundle()).await;
+    let (done, said) = deploy(&api_url, &auth, &guid, bundle()).await;
     assert_eq!(done["code"], 0, "the second deployment: {done}");
+    assert!(said.iter().any(|l| l.contains("Packages: all 1 found")), "its packages were checked: {said:?}");
     t.untouched("after the package checks");
     no_worker_writes_a_root_file(&v, "after the package checks");
     wait_until("the published API serves", Duration::from_secs(30), || get(&v.get("/pub/env?name=PATH")).0 == 200);
