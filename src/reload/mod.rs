@@ -230,7 +230,7 @@ impl Apps {
         spec.name = Arc::from(app.name.as_str());
         let sandboxed = |error| RunError::Sandbox { app: app.name.clone(), error };
         let sandbox = Sandbox::for_app(app, site, self.starters.run_dir.path()).map_err(sandboxed)?;
-        let spool = SpoolDir { dir: sandbox.run.clone(), owner: sandbox.owner() };
+        let spool = SpoolDir { dir: sandbox.run.path().to_path_buf(), owner: sandbox.owner() };
         Ok((spec.sandboxed(sandbox).map_err(sandboxed)?, spool))
     }
 

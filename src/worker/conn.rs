@@ -207,14 +207,16 @@ impl Connect for TcpConnector {
 /// valve picked. Whichever answers first is used for the worker's life.
 pub struct EngineConnector {
     socket: PathBuf,
+    /// The uid that must serve the socket.
+    peer: u32,
     tcp: TcpConnector,
     /// 0: not known yet, 1: the socket, 2: the TCP port.
     serves_on: std::sync::atomic::AtomicU8,
 }
 
 impl EngineConnector {
-    pub fn new(socket: PathBuf, addr: SocketAddr) -> Self {
-        EngineConnector { socket, tcp: TcpConnector::new(addr), serves_on: std::sync::atomic::AtomicU8::new(0) }
+    pub fn new(socket: PathBuf, peer: u32, addr: SocketAddr) -> Self {
+        EngineConnector { socket, peer, tcp: TcpConnector::new(addr), serves_on: std::sync::atomic::AtomicU8::new(0) }
     }
 }
 
@@ -222,11 +224,11 @@ impl Connect for EngineConnector {
     fn connect(&self, upgradable: bool) -> BoxFuture<'_, io::Result<Conn>> {
         Box::pin(async move {
             match self.serves_on.load(Ordering::Relaxed) {
-                1 => return Ok(connect(&self.socket, upgradable).await?.once()),
+                1 => return Ok(connect(&self.socket, self.peer, upgradable).await?.once()),
                 2 => return self.tcp.connect(upgradable).await,
                 _ => {}
             }
-            if let Ok(conn) = connect(&self.socket, upgradable).await {
+            if let Ok(conn) = connect(&self.socket, self.peer, upgradable).await {
                 self.serves_on.store(1, Ordering::Relaxed);
                 return Ok(conn.once());
             }
@@ -247,30 +249,41 @@ impl Connect for EngineConnector {
 /// A worker's Unix socket.
 pub struct SocketConnector {
     path: PathBuf,
+    /// The uid that must serve the socket.
+    peer: u32,
 }
 
 impl SocketConnector {
-    pub fn new(path: PathBuf) -> Self {
-        SocketConnector { path }
+    pub fn new(path: PathBuf, peer: u32) -> Self {
+        SocketConnector { path, peer }
     }
 }
 
 impl Connect for SocketConnector {
     fn connect(&self, upgradable: bool) -> BoxFuture<'_, io::Result<Conn>> {
-        Box::pin(connect(&self.path, upgradable))
+        Box::pin(connect(&self.path, self.peer, upgradable))
     }
 }
 
-/// Opens a fresh HTTP/1.1 connection to a worker's socket.
-pub async fn connect(socket: &Path, upgradable: bool) -> io::Result<Conn> {
+/// Opens a fresh HTTP/1.1 connection to a worker's socket, served by `peer`
+/// (the socket is in a folder of the app's user's: a link there to another
+/// program's socket is refused, whoever's it is).
+pub async fn connect(socket: &Path, peer: u32, upgradable: bool) -> io::Result<Conn> {
     let stream = UnixStream::connect(socket).await?;
+    let served_by = stream.peer_cred()?.uid();
+    if served_by != peer {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} is served by uid {served_by}, not the app's worker (uid {peer})", socket.display()),
+        ));
+    }
     Conn::handshake(stream, upgradable).await
 }
 
 /// Connects to a worker's socket and pings it; returns the connection and the
 /// pid a plumber worker reports.
-pub async fn probe(socket: &Path) -> io::Result<(Conn, Option<u32>)> {
-    let mut conn = connect(socket, false).await?;
+pub async fn probe(socket: &Path, peer: u32) -> io::Result<(Conn, Option<u32>)> {
+    let mut conn = connect(socket, peer, false).await?;
     let pid = conn.ping().await?;
     Ok((conn, pid))
 }

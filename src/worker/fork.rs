@@ -5,7 +5,8 @@
 //! The protocol is three private channels, none of them the user's output:
 //! - valve → parent: lines `fork ID SOCKET FIFO TOKEN` on the parent's stdin
 //!   (TOKEN: the fork's own frames token, `-` for none);
-//! - fork → valve: the FIFO (in the private run directory): its first line is
+//! - fork → valve: the FIFO (in the app's run folder, valve's own: the fork
+//!   opens it write-only, as the app's user): its first line is
 //!   `valve-fork-pid PID`, then everything the fork prints (it `sink()`s there),
 //!   so each fork's output is logged under its own id and pid; a fork that
 //!   ends through `quit()` says `valve-fork-exit CODE` last, and one that R's
@@ -119,7 +120,8 @@ impl ForkServer {
 /// A forked worker.
 pub(super) struct Fork {
     parent: watch::Receiver<Option<ParentExit>>,
-    pid_rx: Option<oneshot::Receiver<u32>>,
+    /// The fork's pid once said (0 before).
+    pid_rx: Option<watch::Receiver<u32>>,
     pid: Option<u32>,
     pidfd: Option<AsyncFd<OwnedFd>>,
     tail: Arc<Tail>,
@@ -131,6 +133,8 @@ pub(super) struct Fork {
     /// Ends when the FIFO's reader has read all the fork wrote (its sender is
     /// dropped then).
     read_all: Option<oneshot::Receiver<()>>,
+    /// Where what the fork says of itself before its FIFO is open goes.
+    reports: Arc<Reports>,
     /// Whose fork it is: "app preload" or "warm parent".
     started_by: &'static str,
 }
@@ -150,27 +154,24 @@ impl Fork {
         parent: watch::Receiver<Option<ParentExit>>,
         started_by: &'static str,
     ) -> io::Result<(PathBuf, Fork)> {
-        let fifo = spec.app_run_dir().join(format!("w{id}.out"));
-        let _ = std::fs::remove_file(&fifo);
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            &fifo,
-            rustix::fs::FileType::Fifo,
-            rustix::fs::Mode::from_raw_mode(0o600),
-            0,
-        )
-        .map_err(io::Error::from)?;
-        if let Some((uid, gid)) = spec.owner() {
-            rustix::fs::chown(&fifo, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))
-                .map_err(io::Error::from)?;
-        }
+        // Made through the run folder's handle (valve's own folder: the app
+        // cannot put a link where the FIFO goes), then given to its user.
+        let fifo = spec.run_folder()?.fifo(&format!("w{id}.out"), spec.owner())?;
         // Opened read-write so that it never reads end-of-file before the fork opens it.
         let output = tokio::net::unix::pipe::OpenOptions::new().read_write(true).open_receiver(&fifo)?;
         let tail = Arc::new(Tail::default());
-        let (pid_tx, pid_rx) = oneshot::channel();
+        let (pid_tx, pid_rx) = watch::channel(0u32);
         let said_exit = Arc::new(StdMutex::new(None));
         let (reading, read_all) = oneshot::channel::<()>();
-        tokio::spawn(fork_output(output, spec.sink(id, tail.clone()), pid_tx, said_exit.clone(), reading));
+        let sink = spec.sink(id, tail.clone());
+        let reports = Arc::new(Reports {
+            pid: pid_tx,
+            said_exit: said_exit.clone(),
+            sink: sink.clone(),
+            opened: Default::default(),
+            failed: Default::default(),
+        });
+        tokio::spawn(fork_output(output, sink, reports.clone(), said_exit.clone(), reading));
         let fork = Fork {
             parent,
             pid_rx: Some(pid_rx),
@@ -180,18 +181,25 @@ impl Fork {
             said_exit,
             exit: None,
             read_all: Some(read_all),
+            reports,
             started_by,
         };
         Ok((fifo, fork))
     }
 
+    /// Where the fork's own words before its FIFO is open go (a warm
+    /// parent's fork says them on the parent's output).
+    pub(super) fn reports(&self) -> &Arc<Reports> {
+        &self.reports
+    }
+
     /// Learns the fork's pid (its first line on the FIFO) unless known.
     async fn learn_pid(&mut self) -> Result<(), StartError> {
-        let Some(rx) = self.pid_rx.take() else { return Ok(()) };
+        let Some(mut rx) = self.pid_rx.take() else { return Ok(()) };
         tokio::select! {
             error = parent_exit(self.parent.clone()) => Err(error),
-            got = rx => {
-                let pid = got.map_err(|_| StartError::Io(io::Error::other("the fork never said its pid")))?;
+            got = rx.wait_for(|p| *p != 0) => {
+                let pid = got.map(|p| *p).map_err(|_| StartError::Io(io::Error::other("the fork never said its pid")))?;
                 self.pid = Some(pid);
                 self.pidfd = Some(pidfd_open(pid)?);
                 Ok(())
@@ -251,8 +259,13 @@ impl Process for Fork {
             if let Some(read) = self.read_all.take() {
                 let _ = tokio::time::timeout(Duration::from_millis(200), read).await;
             }
-            let said = self.said_exit.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            let exit = said.unwrap_or(Exit::Unknown);
+            let said = || self.said_exit.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if said().is_none() && !self.reports.opened.load(std::sync::atomic::Ordering::Relaxed) {
+                // Gone before it opened its FIFO: why is on its parent's
+                // output, which another task reads (it wrote it before it exited).
+                let _ = tokio::time::timeout(Duration::from_millis(200), self.reports.failed.notified()).await;
+            }
+            let exit = said().unwrap_or(Exit::Unknown);
             self.exit = Some(exit.clone());
             exit
         })
@@ -311,19 +324,52 @@ async fn start_parent(spec: &Spec, spawner: &Spawner) -> Result<Parent, StartErr
     Ok(Parent { pid, stdin, gone })
 }
 
+/// What a fork says of itself where it can before its FIFO is open: a warm
+/// parent's fork opens it only once it is the app's user, so its pid and a
+/// failure to enter the sandbox come on the parent's own output, by worker id.
+pub(super) struct Reports {
+    pid: watch::Sender<u32>,
+    said_exit: Arc<StdMutex<Option<Exit>>>,
+    sink: Sink,
+    /// The fork said its pid on its FIFO: it opened it.
+    opened: std::sync::atomic::AtomicBool,
+    /// Told when it said it failed before it opened its FIFO.
+    failed: tokio::sync::Notify,
+}
+
+impl Reports {
+    /// The fork's pid (the first word of it counts).
+    pub(super) fn pid(&self, pid: u32) {
+        self.pid.send_if_modified(|known| {
+            let new = *known == 0 && pid != 0;
+            if new {
+                *known = pid;
+            }
+            new
+        });
+    }
+
+    /// The fork is ending with `code` before it could open its FIFO, for `why`.
+    pub(super) fn failed(&self, code: i32, why: &str) {
+        self.sink.line(*self.pid.borrow(), Stream::Output, format!("valve-fork-failed: {why}"));
+        *self.said_exit.lock().unwrap_or_else(|p| p.into_inner()) = Some(Exit::Code(code));
+        self.failed.notify_one();
+    }
+}
+
 /// Reads a fork's FIFO: its pid first, then its output lines as log events,
 /// and the code it gave `quit()`, until the fork exits.
 async fn fork_output(
     fifo: tokio::net::unix::pipe::Receiver,
     sink: Sink,
-    pid_tx: oneshot::Sender<u32>,
+    reports: Arc<Reports>,
     said_exit: Arc<StdMutex<Option<Exit>>>,
     // Held until the last line is read: dropping it tells `Fork::exited`.
     _reading: oneshot::Sender<()>,
 ) {
     let mut reader = BufReader::new(fifo);
     let mut pid = 0;
-    let mut pid_tx = Some(pid_tx);
+    let mut said = reports.pid.subscribe();
     // The FIFO is open read-write here, so it never reads end-of-file: stop
     // when the fork is gone instead.
     let mut gone: Option<AsyncFd<OwnedFd>> = None;
@@ -339,15 +385,23 @@ async fn fork_output(
                     return;
                 }
             },
-            None => output::next_line(&mut reader).await,
+            None => tokio::select! {
+                line = output::next_line(&mut reader) => line,
+                // Said on the parent's output (a fork that may never open its FIFO).
+                Ok(p) = said.wait_for(|p| *p != 0) => {
+                    pid = *p;
+                    drop(p);
+                    gone = pidfd_open(pid).ok();
+                    continue;
+                }
+            },
         };
         let Some(line) = line else { return };
         if let Some(p) = line.strip_prefix("valve-fork-pid ").and_then(|p| p.trim().parse::<u32>().ok()) {
             pid = p;
             gone = pidfd_open(p).ok();
-            if let Some(tx) = pid_tx.take() {
-                let _ = tx.send(p);
-            }
+            reports.opened.store(true, std::sync::atomic::Ordering::Relaxed);
+            reports.pid(p);
             continue;
         }
         handle_line(line, pid, &sink, &said_exit);

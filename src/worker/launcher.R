@@ -12,9 +12,9 @@
 # VALVE_MODE=plain: load the API and serve it.
 # VALVE_MODE=render: render a shiny-prerendered document once, before valve
 #   starts its workers, and exit (workers never render it themselves).
-# VALVE_MODE=packages: say which version of each package listed in the file
-#   VALVE_PACKAGES (lines `NAME VERSION`) this R finds on its library paths
-#   (with the app's environment, working directory and .Rprofile, so an renv
+# VALVE_MODE=packages: say which version of each package named in the
+#   variable VALVE_PACKAGES (one a line; never a file, which the app's R could
+#   reach) this R finds on its library paths (with the app's environment, working directory and .Rprofile, so an renv
 #   library is seen as the app sees it), one line `valve-package NAME VERSION`
 #   each (`-` for none), then exit: a published bundle's check.
 # VALVE_MODE=preload: load the API (or the Shiny app) once, then fork a worker
@@ -43,7 +43,7 @@ local({
     quit(save = "no", status = status)
   }
   if (identical(mode, "packages")) {
-    wanted <- readLines(Sys.getenv("VALVE_PACKAGES"), warn = FALSE)
+    wanted <- strsplit(Sys.getenv("VALVE_PACKAGES"), "\n", fixed = TRUE)[[1]]
     cat("valve-r ", as.character(getRversion()), " ", paste(.libPaths(), collapse = ":"), "\n", sep = "")
     for (name in sub(" .*", "", wanted[nzchar(wanted)])) {
       found <- suppressWarnings(utils::packageDescription(name, fields = "Version"))
@@ -170,8 +170,8 @@ local({
 
   become_worker <- function(id, socket, fifo, token, serve) {
     # Output goes to valve through this fork's own channel, pid first.
-    # Opened read-write: unlike a write-only open, that never blocks waiting for a reader.
-    out <- file(fifo, open = "w+", raw = TRUE)
+    # Write-only: valve holds the FIFO open for reading, so this never waits.
+    out <- file(fifo, open = "w", raw = TRUE)
     writeLines(paste("valve-fork-pid", Sys.getpid()), out)
     flush(out)
     sink(out)

@@ -71,8 +71,9 @@ impl Launch for RLauncher {
     fn launch(&self, id: WorkerId) -> BoxFuture<'_, Result<Launched, StartError>> {
         Box::pin(async move {
             self.prepare().await?;
-            let socket = self.spec.socket_path(id);
+            let socket = self.spec.socket_path(id)?;
             let _ = std::fs::remove_file(&socket);
+            let peer = self.spec.peer_uid();
             // An engine listens on a loopback port of its own (what its
             // launch_server() is given as host and port).
             let engine_port = match self.spec.app {
@@ -82,10 +83,10 @@ impl Launch for RLauncher {
             // A frames worker's hello is expected before the worker can say it.
             let connector: Arc<dyn Connect> = match (&self.spec.frames, engine_port) {
                 (_, Some(port)) => {
-                    Arc::new(EngineConnector::new(socket.clone(), SocketAddr::from((Ipv4Addr::LOCALHOST, port))))
+                    Arc::new(EngineConnector::new(socket.clone(), peer, SocketAddr::from((Ipv4Addr::LOCALHOST, port))))
                 }
                 (Some(hub), None) => Arc::new(hub.connector(id, self.spec.name.clone())),
-                (None, None) => Arc::new(SocketConnector::new(socket.clone())),
+                (None, None) => Arc::new(SocketConnector::new(socket.clone(), peer)),
             };
             let fresh = self.fresh.lock().unwrap_or_else(|p| p.into_inner()).is_some();
             let process: Box<dyn Process> = match (&self.forks, &self.warm) {
@@ -131,8 +132,9 @@ impl Launch for RLauncher {
             if let Some(forks) = &self.forks {
                 forks.shutdown().await;
             }
-            if let Some(dir) = self.spec.render_dir.clone() {
-                let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+            if self.spec.render_dir.is_some() {
+                let spec = self.spec.clone();
+                let _ = tokio::task::spawn_blocking(move || spec.remove_render_dir()).await;
             }
         })
     }

@@ -4,8 +4,8 @@
 //! seen as the app sees it), which says each package's version and exits.
 //! A published bundle is checked with it before any worker of it starts.
 
+use std::io;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rustix::process::Signal;
@@ -25,20 +25,18 @@ pub struct Installed {
 }
 
 /// Asks the R of `spec` for the versions of `names`, within `timeout`.
+/// The names go in its environment (`VALVE_PACKAGES`, one a line): never in
+/// a file, which would be in a folder the app's R can reach.
 pub async fn installed(spec: &Spec, names: &[String], timeout: Duration) -> Result<Installed, StartError> {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    // In the app's own run folder: the only part of valve's run directory its R sees.
-    let list = spec.app_run_dir().join(format!("packages-{}.txt", NEXT.fetch_add(1, Ordering::Relaxed)));
-    std::fs::write(&list, names.join("\n")).map_err(StartError::Io)?;
-    let result = ask(spec, &list, timeout).await;
-    let _ = std::fs::remove_file(&list);
-    result
-}
-
-async fn ask(spec: &Spec, list: &std::path::Path, timeout: Duration) -> Result<Installed, StartError> {
+    if let Some(bad) = names.iter().find(|n| n.contains('\0') || n.contains('\n')) {
+        return Err(StartError::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{bad:?} is no package name (it holds a NUL or a line break)"),
+        )));
+    }
     let spawner = Spawner::shared().map_err(StartError::Io)?;
     let mut cmd = spec.command("packages").map_err(StartError::Io)?;
-    cmd.env("VALVE_PACKAGES", list).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.env("VALVE_PACKAGES", names.join("\n")).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let (child, _own) = spawner.spawn(&spec.r_bin, cmd).await?;
     let pid = child.id().unwrap_or_default();
     let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {

@@ -229,25 +229,33 @@ impl Spec {
         Ok(self)
     }
 
-    /// The app's run folder: its workers' sockets, FIFOs and spooled bodies.
-    pub fn app_run_dir(&self) -> PathBuf {
+    /// The app's run folder: its workers' FIFOs and spooled bodies, their
+    /// sockets in its `own/`.
+    pub fn run_folder(&self) -> io::Result<sandbox::RunFolder> {
         match &self.sandbox {
-            Some((s, _)) => s.run.clone(),
-            None => self.run_dir.path().to_path_buf(),
+            Some((s, _)) => Ok(s.run.clone()),
+            None => sandbox::RunFolder::open(self.run_dir.path()),
         }
     }
 
     /// A folder for this generation's render, the app's user's (when it has
-    /// one of its own: else the document renders beside itself, as before).
+    /// one of its own: else the document renders beside itself, as before),
+    /// made through the run folder's handle, never through a link.
     pub(super) fn make_render_dir(&mut self) -> io::Result<()> {
         use std::sync::atomic::{AtomicU64, Ordering};
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        let Some((uid, gid)) = self.owner() else { return Ok(()) };
-        let dir = self.app_run_dir().join(format!("render-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
-        std::fs::create_dir_all(&dir)?;
-        rustix::fs::chown(&dir, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))?;
-        self.render_dir = Some(dir);
+        let Some(owner) = self.owner() else { return Ok(()) };
+        let name = format!("render-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        self.render_dir = Some(self.run_folder()?.new_dir(&name, Some(owner))?);
         Ok(())
+    }
+
+    /// Removes this generation's render folder (nothing in it is followed).
+    pub(super) fn remove_render_dir(&self) -> io::Result<()> {
+        let Some(name) = self.render_dir.as_ref().and_then(|d| d.file_name()).and_then(|n| n.to_str()) else {
+            return Ok(());
+        };
+        self.run_folder()?.remove_tree(name)
     }
 
     /// Who owns what valve makes for the app's workers (a FIFO), when they switch users.
@@ -278,10 +286,9 @@ impl Spec {
     /// entering the app's sandbox between fork and exec.
     pub(super) fn command(&self, mode: &str) -> io::Result<Launchable> {
         let mut cmd = Command::new(&self.r_bin);
-        if let Some((sandbox, _)) = &self.sandbox {
-            for k in sandbox.env_removed() {
-                cmd.env_remove(k);
-            }
+        if self.switches_user() {
+            // Of valve's own environment, only what `sandbox::inherited` allows.
+            cmd.env_clear().envs(sandbox::allowed_env());
         }
         cmd.arg("--no-echo")
             .arg("--no-restore")
@@ -334,9 +341,26 @@ impl Spec {
         env
     }
 
-    /// Variables of valve's own environment a worker must not inherit.
+    /// Whether the app's workers run as its own user (then they inherit
+    /// only what `sandbox::inherited` allows of valve's environment).
+    pub(super) fn switches_user(&self) -> bool {
+        self.sandbox.as_ref().is_some_and(|(s, _)| s.switch)
+    }
+
+    /// Variables of valve's own environment a worker must not have (a warm
+    /// fork unsets them: it starts from the parent's, which is valve's).
     pub(super) fn env_removed(&self) -> Vec<String> {
-        self.sandbox.as_ref().map(|(s, _)| s.env_removed()).unwrap_or_default()
+        if self.switches_user() {
+            sandbox::disallowed_env_names()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// The uid a worker's socket must be served by: the app's user's, or
+    /// valve's own (a socket in the app's `own/` folder may be the app's link).
+    pub(super) fn peer_uid(&self) -> u32 {
+        self.owner().map(|(uid, _)| uid).unwrap_or_else(|| rustix::process::geteuid().as_raw())
     }
 
     /// The sandbox's steps for the C executor of a warm parent's fork.
@@ -349,8 +373,9 @@ impl Spec {
         self.frames.as_ref().map(|hub| hub.token(id))
     }
 
-    pub(super) fn socket_path(&self, id: WorkerId) -> PathBuf {
-        self.app_run_dir().join(format!("w{id}.sock"))
+    /// Worker `id`'s socket, in the app's `own/` folder (its R creates it).
+    pub(super) fn socket_path(&self, id: WorkerId) -> io::Result<PathBuf> {
+        Ok(self.run_folder()?.own().join(format!("w{id}.sock")))
     }
 }
 

@@ -132,7 +132,7 @@ fn an_app_cannot_read_signal_or_reach_another_app_or_valve_and_its_memory_limit_
         .to_string();
     let run_dir = Path::new(&launcher).parent().and_then(Path::parent).unwrap();
     let beta_id = app("beta")["workers"][0]["id"].as_u64().unwrap();
-    let socket = run_dir.join(format!("apps/beta/w{beta_id}.sock")).display().to_string();
+    let socket = run_dir.join(format!("apps/beta/own/w{beta_id}.sock")).display().to_string();
     assert!(Path::new(&socket).exists(), "the socket exists for valve: {socket}");
     let talk = alpha(&format!("/socket?path={socket}"));
     assert_eq!(talk["exists"], false, "beta's socket is not in alpha's view: {talk}");

@@ -22,6 +22,7 @@ mod publish;
 mod reconnect;
 mod reliability;
 mod rmarkdown;
+mod rootsafe;
 mod rules;
 mod scaling;
 mod shiny;

@@ -3,8 +3,9 @@
 //! (`rmarkdown::run()` on valve's private socket), through real HTTP and
 //! real Chromium (tests/browser/reconnect.mjs's `eval`). A prerendered
 //! document is rendered once before its workers start: the tutorial fixture
-//! appends a line to `VALVE_TEST_RENDERS` (in its user's home) each time it
-//! is rendered.
+//! appends a line to `VALVE_TEST_RENDERS` (in its user's home, named in the
+//! copy's `.Renviron`: valve's own environment does not reach an isolated
+//! app's R) each time it is rendered.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,6 +31,13 @@ fn copy_of(name: &str) -> (tempfile::TempDir, PathBuf) {
         std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
     }
     (tmp, to)
+}
+
+/// A copy of the tutorial that notes its renders in `RENDERS`.
+fn tutorial_noting_renders() -> (tempfile::TempDir, PathBuf) {
+    let (tmp, dir) = copy_of("rmd_tutorial");
+    std::fs::write(dir.join(".Renviron"), format!("VALVE_TEST_RENDERS={RENDERS}\n")).unwrap();
+    (tmp, dir)
 }
 
 /// Where the tutorial notes its renders: in its user's home, which its R may
@@ -95,11 +103,8 @@ async fn a_runtime_shiny_document_renders_per_session_and_answers_its_input_in_c
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_prerendered_tutorial_is_rendered_once_for_three_workers_and_its_server_chunk_answers_in_chromium() {
     need_rmarkdown();
-    let (_tmp, dir) = copy_of("rmd_tutorial");
-    let valve = Valve::start_with_env(
-        &["-f", dir.to_str().unwrap(), "-n", "3", "--n-min", "3", "--no-access-log"],
-        &[("VALVE_TEST_RENDERS", RENDERS)],
-    );
+    let (_tmp, dir) = tutorial_noting_renders();
+    let valve = Valve::start(&["-f", dir.to_str().unwrap(), "-n", "3", "--n-min", "3", "--no-access-log"]);
     let log = valve.home("rmd_tutorial").join("renders.log");
     assert_eq!(renders(&log), 1, "rendered once, not once per worker");
     assert_eq!(valve.workers().len(), 3);
@@ -165,9 +170,8 @@ fn a_document_without_a_shiny_runtime_is_refused_saying_what_to_add() {
 #[test]
 fn a_changed_document_is_rendered_again_on_reload_and_a_broken_one_leaves_the_old_one_serving() {
     need_rmarkdown();
-    let (_tmp, dir) = copy_of("rmd_tutorial");
-    let valve =
-        Valve::start_with_env(&["-f", dir.to_str().unwrap(), "--no-access-log"], &[("VALVE_TEST_RENDERS", RENDERS)]);
+    let (_tmp, dir) = tutorial_noting_renders();
+    let valve = Valve::start(&["-f", dir.to_str().unwrap(), "--no-access-log"]);
     let log = valve.home("rmd_tutorial").join("renders.log");
     assert_eq!(renders(&log), 1);
     let doc = dir.join("tutorial.Rmd");
@@ -230,11 +234,8 @@ fn a_site_serves_both_kinds_of_document_and_check_names_their_kinds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_preload_documents_are_served_by_forks_of_one_parent() {
     need_rmarkdown();
-    let (_tmp, dir) = copy_of("rmd_tutorial");
-    let valve = Valve::start_with_env(
-        &["-f", dir.to_str().unwrap(), "--preload", "-n", "2", "--n-min", "2", "--no-access-log"],
-        &[("VALVE_TEST_RENDERS", RENDERS)],
-    );
+    let (_tmp, dir) = tutorial_noting_renders();
+    let valve = Valve::start(&["-f", dir.to_str().unwrap(), "--preload", "-n", "2", "--n-min", "2", "--no-access-log"]);
     let log = valve.home("rmd_tutorial").join("renders.log");
     assert_eq!(renders(&log), 1);
     let parent = valve.preload_parent().expect("a preload parent");

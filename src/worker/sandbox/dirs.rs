@@ -1,14 +1,17 @@
-//! Each app's private folders, made by valve (as root) and owned by the
-//! app's user: its run folder (sockets, FIFOs, spooled bodies) and its
+//! Each app's private folders, made by valve (as root): its run folder
+//! (FIFOs, spooled bodies, valve's own: see `app_run_dir`) and its
 //! temporary folder inside valve's run directory, its home inside the
-//! state directory. Each is 0700: no other app's user can enter it; the
-//! folders above them are 0711, passable but not listable.
+//! state directory, the last two owned by the app's user. Each is 0700 or
+//! 0711: no other app's user can list it; the folders above them are 0711,
+//! passable but not listable.
 
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use rustix::fs::{Gid, Uid};
+use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, Uid};
 
 use crate::config::Account;
 
@@ -31,14 +34,111 @@ fn owner(account: &Account) -> Option<(u32, u32)> {
     Some((account.uid, account.gid))
 }
 
-/// `RUN/apps/NAME`: the app's workers' sockets and FIFOs, and its spooled
-/// bodies. Owned by the app's user when it has one of its own.
-pub fn app_run_dir(run_dir: &Path, app: &str, account: Option<&Account>) -> io::Result<PathBuf> {
+/// `RUN/apps/NAME`: valve's own (mode 0711), so that only valve makes
+/// entries in it: the app's workers open what valve made for them there by
+/// its exact name (a FIFO, a spooled body), and nothing an app names is ever
+/// followed by valve as root. What the app's R itself creates (its Unix
+/// sockets) goes in `own/`, the app's user's (0700). A folder left there
+/// that is not valve's is set aside and removed without following a link.
+pub fn app_run_dir(run_dir: &Path, app: &str, account: Option<&Account>) -> io::Result<RunFolder> {
     let apps = run_dir.join("apps");
     ensure(&apps, 0o711, None)?;
-    let dir = apps.join(app);
-    ensure(&dir, 0o700, account.and_then(owner))?;
-    Ok(dir)
+    let apps_fd = super::safe::open_dir(&apps).map_err(|e| named(&apps, e))?;
+    let path = apps.join(app);
+    let fd = super::safe::valve_dir(&apps_fd, app, 0o711).map_err(|e| named(&path, e))?;
+    let own = path.join("own");
+    let own_fd = super::safe::valve_dir(&fd, "own", 0o700).map_err(|e| named(&own, e))?;
+    if let Some((uid, gid)) = account.and_then(owner) {
+        rustix::fs::fchown(&own_fd, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
+            .map_err(|e| named(&own, e.into()))?;
+    }
+    Ok(RunFolder { path, fd: Arc::new(fd), own })
+}
+
+/// An app's run folder (`RUN/apps/NAME`, valve's own) and a handle on it:
+/// everything valve makes or removes there goes through the handle, by a
+/// name it chose, never following a link.
+#[derive(Clone, Debug)]
+pub struct RunFolder {
+    path: PathBuf,
+    fd: Arc<OwnedFd>,
+    own: PathBuf,
+}
+
+impl RunFolder {
+    /// A folder of valve's own used as a run folder (a `Spec` with no
+    /// sandbox: valve's run directory itself).
+    pub fn open(path: &Path) -> io::Result<RunFolder> {
+        let fd = super::safe::open_dir(path).map_err(|e| named(path, e))?;
+        Ok(RunFolder { path: path.to_path_buf(), fd: Arc::new(fd), own: path.to_path_buf() })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `own/`: the app's user's, for what its R creates (its sockets).
+    pub fn own(&self) -> &Path {
+        &self.own
+    }
+
+    /// A FIFO named `name` (0600, `owner`'s), in place of any entry so named.
+    pub fn fifo(&self, name: &str, owner: Option<(u32, u32)>) -> io::Result<PathBuf> {
+        let path = self.path.join(name);
+        self.remove(name);
+        rustix::fs::mknodat(&*self.fd, name, FileType::Fifo, Mode::from_raw_mode(0o600), 0)
+            .map_err(|e| named(&path, e.into()))?;
+        if let Some((uid, gid)) = owner {
+            rustix::fs::chownat(
+                &*self.fd,
+                name,
+                Some(Uid::from_raw(uid)),
+                Some(Gid::from_raw(gid)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .map_err(|e| named(&path, e.into()))?;
+        }
+        Ok(path)
+    }
+
+    /// A new file named `name`, valve's (0600), open for writing: never an
+    /// entry that was there (O_EXCL), never through a link (O_NOFOLLOW).
+    pub fn new_file(&self, name: &str) -> io::Result<(std::fs::File, PathBuf)> {
+        let path = self.path.join(name);
+        self.remove(name);
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd = rustix::fs::openat(&*self.fd, name, flags, Mode::from_raw_mode(0o600))
+            .map_err(|e| named(&path, e.into()))?;
+        Ok((std::fs::File::from(fd), path))
+    }
+
+    /// A new folder named `name` (0700), given to `owner` through its own handle.
+    pub fn new_dir(&self, name: &str, owner: Option<(u32, u32)>) -> io::Result<PathBuf> {
+        let path = self.path.join(name);
+        rustix::fs::mkdirat(&*self.fd, name, Mode::from_raw_mode(0o700)).map_err(|e| named(&path, e.into()))?;
+        let dir = rustix::fs::openat(
+            &*self.fd,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| named(&path, e.into()))?;
+        if let Some((uid, gid)) = owner {
+            rustix::fs::fchown(&dir, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
+                .map_err(|e| named(&path, e.into()))?;
+        }
+        Ok(path)
+    }
+
+    /// Removes the entry `name` (a file, FIFO or link: the link itself).
+    pub fn remove(&self, name: &str) {
+        let _ = rustix::fs::unlinkat(&*self.fd, name, AtFlags::empty());
+    }
+
+    /// Removes the folder `name` and all in it, following no link.
+    pub fn remove_tree(&self, name: &str) -> io::Result<()> {
+        super::safe::remove_tree(&*self.fd, name)
+    }
 }
 
 /// `RUN/tmp/NAME`: the app's temporary folder (gone with the run directory).

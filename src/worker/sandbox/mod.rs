@@ -11,6 +11,7 @@ mod as_user;
 mod dirs;
 mod enter;
 mod probe;
+mod safe;
 pub mod view;
 
 use std::io;
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use as_user::{as_user, ids_of};
+pub use dirs::RunFolder;
 pub use enter::Prepared;
 pub use probe::{guard_valve, probe};
 pub use view::View;
@@ -68,8 +70,9 @@ pub struct Sandbox {
     pub home: Option<PathBuf>,
     /// The app's private temporary folder (`TMPDIR`; `/tmp` in its view).
     pub tmp: Option<PathBuf>,
-    /// The app's run folder: its workers' sockets, FIFOs and spooled bodies.
-    pub run: PathBuf,
+    /// The app's run folder (valve's): its workers' FIFOs and spooled
+    /// bodies, and in `own/` (the app's user's) their sockets.
+    pub run: RunFolder,
     /// Its private view of the files, where the kernel allows one.
     pub view: Option<View>,
     pub memory_limit: Option<u64>,
@@ -118,7 +121,7 @@ impl Sandbox {
             hide.extend(site.private.iter().cloned());
             hide.push(run_dir.to_path_buf());
             hide.extend(["/home", "/root"].map(PathBuf::from));
-            let mut show = vec![own.clone(), home.clone(), run.clone(), lib_dir(run_dir)];
+            let mut show = vec![own.clone(), home.clone(), run.path().to_path_buf(), lib_dir(run_dir)];
             // Its working directory, where that is not its folder (a router
             // saved with saveRDS() runs where valve was started).
             if !workdir.starts_with(&own) {
@@ -192,23 +195,30 @@ impl Sandbox {
         env
     }
 
-    /// Variables of valve's own environment a worker of another user must not
-    /// inherit: root's session folders, which it could not use.
-    pub fn env_removed(&self) -> Vec<String> {
-        if !self.switch {
-            return Vec::new();
-        }
-        ["XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"]
-            .into_iter()
-            .filter(|k| std::env::var_os(k).is_some())
-            .map(String::from)
-            .collect()
-    }
-
     /// A file valve makes for this app's workers (a FIFO, a spooled body) is theirs.
     pub fn owner(&self) -> Option<(u32, u32)> {
         self.switch.then_some((self.account.uid, self.account.gid))
     }
+}
+
+/// Whether a variable of valve's environment reaches an isolated app's R:
+/// the search path, the locale and time zone, and R's own (`R_*`: library
+/// paths, R's settings). Nothing else valve has (a site's secrets, root's
+/// session folders) does; the app's own `env` and what valve sets for the
+/// worker (HOME, TMPDIR, USER, LOGNAME, VALVE_*...) are added on top. The
+/// one list, for fresh R and warm forks alike.
+pub fn inherited(name: &str) -> bool {
+    matches!(name, "PATH" | "LANG" | "LANGUAGE" | "TZ") || name.starts_with("LC_") || name.starts_with("R_")
+}
+
+/// Valve's variables a worker that inherits only what is allowed keeps.
+pub fn allowed_env() -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    std::env::vars_os().filter(|(k, _)| k.to_str().is_some_and(inherited)).collect()
+}
+
+/// Valve's variables such a worker must not have (a warm fork unsets them).
+pub fn disallowed_env_names() -> Vec<String> {
+    std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()).filter(|k| !inherited(k)).collect()
 }
 
 /// `p` from the root: mounts and the worker's working directory need whole paths.

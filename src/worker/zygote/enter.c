@@ -21,7 +21,9 @@
  *   uid UID                 real, effective and saved uid
  *   nonewprivs              PR_SET_NO_NEW_PRIVS
  *   stdio PATH              stdout and stderr to PATH (the fork's FIFO), stdin
- *                           from /dev/null: nothing of the parent's pipes left
+ *                           from /dev/null: nothing of the parent's pipes left.
+ *                           valve puts it last, after uid: the FIFO is opened
+ *                           as the app's user, write-only, never as root
  *
  * After `uid` the process is made dumpable again, as an exec'd worker is
  * (changing uid made it not): its own user may read its /proc, as for any R.

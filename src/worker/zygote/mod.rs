@@ -37,9 +37,12 @@ use super::wire::WorkerId;
 /// The least time between two starts of a parent that died.
 const RESTART_AFTER: Duration = Duration::from_secs(5);
 
-/// A fork's exit code when the app needs a fresh R; when it could not enter its sandbox.
+/// A fork's exit code when the app needs a fresh R (`SANDBOX_FAILED`: when
+/// it could not enter its sandbox).
 pub const NEEDS_FRESH_R: i32 = 6;
-pub const SANDBOX_FAILED: i32 = 7;
+pub use forks::SANDBOX_FAILED;
+
+mod forks;
 
 /// What the warm parent is made of.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -113,6 +116,8 @@ struct Parent {
     pid: u32,
     stdin: ChildStdin,
     gone: watch::Receiver<Option<ParentExit>>,
+    /// Its forks still to say their pid (on its output).
+    forks: Arc<forks::Forks>,
 }
 
 /// Why a worker was not asked of the warm parent (its launcher starts a fresh R).
@@ -213,7 +218,10 @@ impl Zygote {
         let pid = child.id().ok_or_else(|| io::Error::other("the warm parent exited at once"))?;
         let stdin = child.stdin.take().ok_or_else(|| io::Error::other("no stdin for the warm parent"))?;
         let tail = Arc::new(Tail::default());
-        output::forward(&mut child, &Sink::of("warm-parent", NOT_A_WORKER, tail.clone()));
+        let forks = Arc::new(forks::Forks::default());
+        let mut sink = Sink::of("warm-parent", NOT_A_WORKER, tail.clone());
+        sink.hooks.push(forks.clone());
+        output::forward(&mut child, &sink);
         let (tx, gone) = watch::channel(None);
         tokio::spawn(async move {
             let exit = wait_parent(child, own, tail).await;
@@ -226,7 +234,7 @@ impl Zygote {
         });
         tracing::info!(pid, r_bin = %self.recipe.r_bin.display(), packages = ?self.recipe.packages,
             "warm parent started: loading and warming the packages apps load");
-        Ok(Parent { pid, stdin, gone })
+        Ok(Parent { pid, stdin, gone, forks })
     }
 
     /// Asks the parent to fork worker `id` of `spec`'s app.
@@ -237,10 +245,14 @@ impl Zygote {
         let (fifo, fork) =
             Fork::expect(spec, id, parent.gone.clone(), "warm parent").map_err(|e| unavailable("its FIFO", e))?;
         let env_file = write_env(spec, id, socket).map_err(|e| unavailable("its environment file", e))?;
-        let mut steps = vec![format!("stdio {}", fifo.display())];
-        steps.extend(spec.fork_steps());
-        let job = serde_json::json!({ "fifo": fifo, "env_file": env_file, "steps": steps });
+        // Its output goes to its FIFO last, once it is the app's user (it
+        // opens the FIFO as that user, write-only): until then it speaks on
+        // the parent's output, by worker id (`Forks`).
+        let mut steps = spec.fork_steps();
+        steps.push(format!("stdio {}", fifo.display()));
+        let job = serde_json::json!({ "id": id, "fifo": fifo, "env_file": env_file, "steps": steps });
         let line = format!("{job}\n");
+        parent.forks.expect(id, fork.reports());
         if let Err(e) = parent.stdin.write_all(line.as_bytes()).await {
             let _ = std::fs::remove_file(&env_file);
             return Err(Unavailable(format!("cannot reach the warm parent: {e}")));
@@ -253,7 +265,7 @@ impl Zygote {
     pub async fn shutdown(&self) {
         self.closed.cancel();
         let Some(parent) = self.parent.lock().await.take() else { return };
-        let Parent { pid, stdin, mut gone } = parent;
+        let Parent { pid, stdin, mut gone, .. } = parent;
         drop(stdin);
         if tokio::time::timeout(Duration::from_secs(2), gone.wait_for(Option::is_some)).await.is_err() {
             let _ = rustix::process::kill_process_group(pid_of(pid), rustix::process::Signal::KILL);
@@ -261,8 +273,26 @@ impl Zygote {
     }
 }
 
-/// Worker `id`'s environment, in a file of its app's run folder only its
-/// user can read (the fork reads it once inside its sandbox, then deletes it).
+/// Variables the warm parent is started with for itself alone: a fork of
+/// an app of its own user has none of them but what the worker's own
+/// environment sets again (`VALVE_LIFELINE`, the lifeline every worker
+/// holds, stays).
+const PARENT_OWN: [&str; 9] = [
+    "HOME",
+    "R_ENVIRON_USER",
+    "R_PROFILE_USER",
+    "VALVE_MODE",
+    "VALVE_LOOP",
+    "VALVE_LAUNCHER",
+    "VALVE_ENTER_LIB",
+    "VALVE_PRELOAD_PACKAGES",
+    "GLIBC_TUNABLES",
+];
+
+/// Worker `id`'s environment, in a file of valve's own in the app's run
+/// folder (made through the folder's handle, never through a link, 0600):
+/// the fork reads it and removes it while it is still root, before it
+/// enters the sandbox; secrets never pass through the parent's memory.
 fn write_env(spec: &Spec, id: WorkerId, socket: &Path) -> io::Result<PathBuf> {
     let mut env: BTreeMap<String, String> = BTreeMap::new();
     for (k, v) in spec.worker_env("plain") {
@@ -275,8 +305,11 @@ fn write_env(spec: &Spec, id: WorkerId, socket: &Path) -> io::Result<PathBuf> {
     }
     env.insert("VALVE_PID".into(), std::process::id().to_string());
     env.insert("VALVE_START_TIME".into(), own_start_time().unwrap_or_default());
-    // What the parent set for itself alone, as a worker started fresh would have it.
+    // What the parent set for itself alone, as a worker started fresh would
+    // have it; of an app of its own user, only what `sandbox::inherited`
+    // allows of valve's environment (`env_removed`), and none of the parent's own.
     let mut unset: Vec<String> = spec.env_removed();
+    let isolated = spec.switches_user();
     for key in ["R_ENVIRON_USER", "R_PROFILE_USER"] {
         match std::env::var(key) {
             Ok(v) => {
@@ -285,23 +318,14 @@ fn write_env(spec: &Spec, id: WorkerId, socket: &Path) -> io::Result<PathBuf> {
             Err(_) => unset.push(key.into()),
         }
     }
+    if isolated {
+        unset.extend(PARENT_OWN.iter().filter(|k| !env.contains_key(**k)).map(|k| k.to_string()));
+    }
+    unset.retain(|k| !env.contains_key(k));
+    unset.sort();
+    unset.dedup();
     let text = serde_json::json!({ "env": env, "unset": unset }).to_string();
-    let path = spec.app_run_dir().join(format!("w{id}.env"));
-    let _ = std::fs::remove_file(&path);
-    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode_0600().open(&path)?;
+    let (mut file, path) = spec.run_folder()?.new_file(&format!("w{id}.env"))?;
     std::io::Write::write_all(&mut file, text.as_bytes())?;
-    if let Some((uid, gid)) = spec.owner() {
-        rustix::fs::fchown(&file, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))?;
-    }
     Ok(path)
-}
-
-trait Mode0600 {
-    fn mode_0600(&mut self) -> &mut Self;
-}
-
-impl Mode0600 for std::fs::OpenOptions {
-    fn mode_0600(&mut self) -> &mut Self {
-        std::os::unix::fs::OpenOptionsExt::mode(self, 0o600)
-    }
 }

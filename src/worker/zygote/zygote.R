@@ -6,15 +6,20 @@
 # writes on stdin (one JSON object: a worker to start) it forks; the fork
 # becomes that app's worker:
 #
-#   1. its output goes to the FIFO valve made for it, its pid first;
+#   1. it reads (and removes) the file valve wrote with its environment, and
+#      says its pid on the parent's output (`valve-fork ID pid PID`);
 #   2. it enters the app's sandbox (valve_enter(), the C executor valve wrote
 #      beside this file: a mount namespace and the app's view, its working
 #      directory, memory limit (on top of the data it inherits beyond a bare
-#      R's), groups, gid, uid, no new privileges);
+#      R's), groups, gid, uid, no new privileges), and only then, as the
+#      app's user, opens the FIFO valve made for it (write-only) for its
+#      output, its pid first; a step that fails is said on the parent's
+#      output (`valve-fork ID failed STEP: errno N`);
 #   3. it takes the worker's environment (the app's own variables, HOME,
-#      TMPDIR...), its own temporary folder and random seed, and starts as
-#      R's own start-up would for the app: its .Renviron, its library paths,
-#      its project .Rprofile;
+#      TMPDIR...; of an app of its own user, nothing else of valve's or the
+#      parent's but what valve allows), its own temporary folder and random
+#      seed, and starts as R's own start-up would for the app: its
+#      .Renviron, its library paths, its project .Rprofile;
 #   4. it checks that nothing the parent loaded differs from what the app's
 #      library paths hold; if something does, it exits with code 6
 #      (`valve-fresh-r: WHY`) and valve starts a fresh R for the app instead;
@@ -22,7 +27,8 @@
 #      which loads and serves it.
 #
 # Exit codes of a fork valve understands: 6 = needs a fresh R (the reason on
-# its FIFO), 7 = could not enter the app's sandbox (the step and the error).
+# its FIFO), 7 = could not enter the app's sandbox (the step and the error,
+# on the parent's output).
 local({
   started <- Sys.time()
   # The data a bare R holds (RLIMIT_DATA counts it): what the parent loads
@@ -158,7 +164,40 @@ local({
   }
 
   become <- function(job) {
-    out <- file(job$fifo, open = "w+", raw = TRUE)
+    # Until its FIFO is open it speaks on the parent's output, by worker id:
+    # valve hears its pid, or why it could not enter the app's sandbox, at once.
+    id <- as.character(job$id)
+    report <- function(...) {
+      cat("valve-fork ", id, " ", ..., "\n", sep = "")
+      flush(stdout())
+    }
+    # Its environment: the app's variables, its frames token... from valve's
+    # own file in the app's run folder (never through the parent), read and
+    # removed while still root: the app's user cannot read it.
+    given <- tryCatch(jsonlite::fromJSON(job$env_file, simplifyVector = FALSE), error = function(e) {
+      report("failed reading its environment ", job$env_file, ": ", conditionMessage(e))
+      parallel:::mcexit(7L)
+    })
+    unlink(job$env_file)
+    report("pid ", Sys.getpid())
+    steps <- as.character(unlist(job$steps))
+    # An app's memory_limit bounds a fork as it would a fresh R: the data the
+    # fork inherits beyond a bare R's (the packages the parent loaded for
+    # every app) comes on top of it.
+    data_step <- grep("^data [0-9]+$", steps)
+    if (length(data_step) == 1L) {
+      limit <- as.numeric(sub("^data ", "", steps[data_step]))
+      steps[data_step] <- sprintf("data %.0f", limit + max(0, vm_data() - bare_data))
+    }
+    # The sandbox, then (its last step, as the app's user) stdout and stderr
+    # to the FIFO.
+    entered <- .C("valve_enter", steps, length(steps), failed = -1L, errno = 0L, PACKAGE = dll[["name"]])
+    if (entered$failed >= 0L) {
+      report("failed ", steps[entered$failed + 1L], ": errno ", entered$errno)
+      parallel:::mcexit(7L)
+    }
+    # Opened as the app's user, write-only (valve holds it open for reading).
+    out <- file(job$fifo, open = "w", raw = TRUE)
     writeLines(paste("valve-fork-pid", Sys.getpid()), out)
     flush(out)
     sink(out)
@@ -181,27 +220,6 @@ local({
       assign(name, exit_now, envir = base)
       lockBinding(name, base)
     }
-    steps <- as.character(unlist(job$steps))
-    # An app's memory_limit bounds a fork as it would a fresh R: the data the
-    # fork inherits beyond a bare R's (the packages the parent loaded for
-    # every app) comes on top of it.
-    data_step <- grep("^data [0-9]+$", steps)
-    if (length(data_step) == 1L) {
-      limit <- as.numeric(sub("^data ", "", steps[data_step]))
-      steps[data_step] <- sprintf("data %.0f", limit + max(0, vm_data() - bare_data))
-    }
-    entered <- .C("valve_enter", steps, length(steps), failed = -1L, errno = 0L, PACKAGE = dll[["name"]])
-    if (entered$failed >= 0L) {
-      cat("valve-fork-failed: ", steps[entered$failed + 1L], ": errno ", entered$errno, "\n", sep = "")
-      exit_now(status = 7)
-    }
-    # Its environment: the app's variables, its frames token... from a file of
-    # its own run folder (never through the parent), then gone.
-    given <- tryCatch(jsonlite::fromJSON(job$env_file, simplifyVector = FALSE), error = function(e) {
-      cat("valve-fork-failed: reading its environment ", job$env_file, ": ", conditionMessage(e), "\n", sep = "")
-      exit_now(status = 7)
-    })
-    unlink(job$env_file)
     for (name in unlist(given$unset)) Sys.unsetenv(name)
     if (length(given$env)) do.call(Sys.setenv, lapply(given$env, as.character))
     # Its own temporary folder: the parent's is not in its view (R makes a
@@ -249,7 +267,7 @@ local({
     started <- .C("valve_lifeline", lifeline, ok = FALSE, PACKAGE = dll[["name"]])
     if (!started$ok) {
       cat("valve-fork-failed: starting the lifeline thread\n")
-      parallel:::mcexit(7L)
+      exit_now(status = 7)
     }
     # Now a plain worker of the app: the launcher loads and serves it.
     Sys.setenv(VALVE_MODE = "plain")
