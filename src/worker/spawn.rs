@@ -335,7 +335,9 @@ impl Spec {
             Some((_, v)) => Some(v.clone()),
             None => std::env::var("GLIBC_TUNABLES").ok(),
         };
-        if let Some(tunables) = glibc_tunables(inherited.as_deref()) {
+        // Set even when it is the user's own choice unchanged: an isolated
+        // worker inherits nothing of valve's environment but what is allowed.
+        if let Some(tunables) = glibc_tunables(inherited.as_deref()).or(inherited) {
             set("GLIBC_TUNABLES", tunables.into());
         }
         env
