@@ -514,6 +514,11 @@ impl Reloader {
         &self.source
     }
 
+    /// The configuration valve started with.
+    pub fn started(&self) -> &Config {
+        &self.started
+    }
+
     /// Reloads, or says why nothing changed.
     pub async fn reload(&self) -> Result<Plan, LoadError> {
         let source = self.source.clone();

@@ -14,7 +14,8 @@ use std::time::Duration;
 use super::publisher::Publisher;
 use super::store::{self, Fail};
 use super::tasks::Task;
-use crate::config::publish::{Candidate, VersionRule};
+use super::unpack::Modes;
+use crate::config::publish::{app_dir, version_dir, Candidate, VersionRule};
 use crate::config::AppConfig;
 use crate::worker::packages;
 use crate::worker::sandbox::Site;
@@ -87,6 +88,16 @@ async fn deploy(
         .find(|a| a.name == name)
         .cloned()
         .ok_or_else(|| format!("{name} is not in the configuration this version gives"))?;
+    if publisher.modes == Modes::Group {
+        // Only the app's group reads the version (its R runs as a user of its own).
+        let gid = if app.account.isolated() { app.account.gid } else { 0 };
+        let folder = version_dir(&app_dir(&p.dir, name), version);
+        tokio::task::spawn_blocking(move || store::give_group(&folder, gid))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+            .map_err(|e| format!("cannot give version {version} to the app's group {gid}: {e}; nothing changed"))?;
+    }
     check_packages(publisher, task, &app, &Site::of(&config), &v.packages).await?;
     let serving = publisher.reloader.apps.configs().into_iter().find(|a| a.name == name);
     if record.active == Some(version) && serving.as_ref().is_some_and(|s| s.source == app.source) {

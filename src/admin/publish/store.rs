@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use http::StatusCode;
 
-use super::unpack::{self, Limits};
+use super::unpack::{self, Limits, Modes};
 use crate::config::publish::{
     app_dir, bundle_source, read_record, read_records, version_dir, write_record, AppRecord, Publishing, VersionRecord,
 };
@@ -92,8 +92,8 @@ pub fn by_id(p: &Publishing, id: &str) -> Result<AppRecord, Fail> {
         .ok_or_else(|| Fail::new(StatusCode::NOT_FOUND, format!("no published app has the id {id:?}")))
 }
 
-/// Creates app `name` (no version yet). `taken` says whether a configured
-/// app already has the name or its path.
+/// Creates app `name` (no version yet). `taken` says why a configured app
+/// already has the name or its paths, if one does.
 pub fn create(
     p: &Publishing,
     name: &str,
@@ -107,10 +107,10 @@ pub fn create(
             format!("{name:?} cannot be a published app's name: use 1 to 64 letters, digits, `-`, `_` or `.` (it becomes the path /{name}/)"),
         ));
     }
-    if let Some(app) = taken(name) {
+    if let Some(why) = taken(name) {
         return Err(Fail::new(
             StatusCode::CONFLICT,
-            format!("the name {name:?} (and the path /{name}/) belongs to the app `{app}` in valve's configuration: publish under another name (deployApp(appName = ...))"),
+            format!("{why}: publish under another name (deployApp(appName = ...)), or have the operator mount the configured app under a path of its own (path = \"/NAME\" in its [[app]])"),
         ));
     }
     let records = all(p)?;
@@ -129,6 +129,7 @@ pub fn create(
         title: title.to_string(),
         created: now(),
         created_by: key.to_string(),
+        owner: Some(key.to_string()),
         next_version: 1,
         ..AppRecord::default()
     };
@@ -149,13 +150,25 @@ pub fn next_version(p: &Publishing, name: &str) -> Result<u32, Fail> {
 /// Unpacks `tarball` as version `n` of app `name` (into a hidden folder,
 /// renamed once checked), reads its manifest and checks its kind. Nothing
 /// is left of a refused bundle.
-pub fn unpack_version(p: &Publishing, name: &str, n: u32, tarball: &Path, key: &str) -> Result<VersionRecord, Fail> {
+pub fn unpack_version(
+    p: &Publishing,
+    name: &str,
+    n: u32,
+    tarball: &Path,
+    key: &str,
+    modes: Modes,
+) -> Result<VersionRecord, Fail> {
     let dir = app_dir(&p.dir, name);
     let partial = dir.join(format!(".v{n}.partial"));
     let _ = std::fs::remove_dir_all(&partial);
     let refused = |why: String| Fail::new(StatusCode::BAD_REQUEST, format!("the bundle was refused: {why}"));
-    let limits = Limits { max_bytes: p.max_size, max_files: p.max_files };
-    let unpacked = unpack::unpack(tarball, &partial, limits).map_err(|e| refused(e.to_string()))?;
+    let limits = Limits {
+        max_bytes: p.max_size,
+        max_files: p.max_files,
+        max_depth: unpack::MAX_DEPTH,
+        max_path: unpack::MAX_PATH,
+    };
+    let unpacked = unpack::unpack(tarball, &partial, limits, modes).map_err(|e| refused(e.to_string()))?;
     let checked = manifest(&partial).and_then(|(appmode, packages)| {
         let source = bundle_source(&partial, &appmode)?;
         Ok((appmode, packages, source.kind().to_string()))
@@ -184,6 +197,37 @@ pub fn unpack_version(p: &Publishing, name: &str, n: u32, tarball: &Path, key: &
         activated: None,
         activated_by: None,
     })
+}
+
+/// Gives the tree at `dir` (an unpacked version) to root and group `gid`,
+/// readable by that group alone: files 0640 (0750 if executable), folders
+/// 0750; links are not followed. Done before an app with a user of its own
+/// serves the version (its R reads it through its group).
+pub fn give_group(dir: &Path, gid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(at) = todo.pop() {
+        let meta = std::fs::symlink_metadata(&at)?;
+        std::os::unix::fs::lchown(&at, Some(0), Some(gid))?;
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        let mode = if meta.is_dir() || meta.permissions().mode() & 0o100 != 0 { 0o750 } else { 0o640 };
+        std::fs::set_permissions(&at, std::fs::Permissions::from_mode(mode))?;
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(&at)? {
+                todo.push(entry?.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Makes `dir` (the publish folder, or an app's folder above its versions)
+/// passable but not listable by others: 0711.
+pub fn unlisted(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
 }
 
 /// Adds a version to app `name`'s record.
@@ -317,8 +361,9 @@ mod tests {
         assert_eq!((app.id, app.active, app.guid.len()), (1, None, 36));
         let e = create(&p, "sales", "", "bob", free).unwrap_err();
         assert_eq!(e.status, StatusCode::CONFLICT);
-        let e = create(&p, "docs", "", "bob", |_| Some("docs".into())).unwrap_err();
-        assert!(e.message.contains("belongs to the app `docs` in valve's configuration"), "{}", e.message);
+        let e =
+            create(&p, "docs", "", "bob", |_| Some("the path /docs/ belongs to the app `docs`".into())).unwrap_err();
+        assert!(e.message.contains("belongs to the app `docs`") && e.message.contains("another name"), "{}", e.message);
         assert_eq!(create(&p, "../x", "", "bob", free).unwrap_err().status, StatusCode::BAD_REQUEST);
         assert_eq!(create(&p, "hr", "", "bob", free).unwrap().id, 2);
 
@@ -326,7 +371,7 @@ mod tests {
             let n = next_version(&p, "sales").unwrap();
             assert_eq!(n, round);
             let b = bundle(&[("manifest.json", MANIFEST), ("plumber.R", "#* @get /\nfunction() 1\n")]);
-            let v = unpack_version(&p, "sales", n, b.path(), "alice").unwrap();
+            let v = unpack_version(&p, "sales", n, b.path(), "alice", Modes::Open).unwrap();
             assert_eq!((v.appmode.as_str(), v.kind.as_str(), v.files), ("api", "plumber-dir", 2));
             assert_eq!(v.packages, [("plumber".to_string(), "1.2.1".to_string())]);
             add_version(&p, "sales", v).unwrap();
@@ -354,7 +399,7 @@ mod tests {
             (vec![("manifest.json", "{")], "not JSON"),
         ] {
             let n = next_version(&p, "api").unwrap();
-            let e = unpack_version(&p, "api", n, bundle(&files).path(), "alice").unwrap_err();
+            let e = unpack_version(&p, "api", n, bundle(&files).path(), "alice", Modes::Open).unwrap_err();
             assert!(e.message.starts_with("the bundle was refused: ") && e.message.contains(why), "{}", e.message);
             let left: Vec<_> =
                 std::fs::read_dir(app_dir(d.path(), "api")).unwrap().flatten().map(|e| e.file_name()).collect();
