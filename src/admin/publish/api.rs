@@ -307,7 +307,9 @@ async fn upload(
     tracing::info!(target: "valve::publish", key, app = %record.name, version = n, bytes = size,
         files = version.files, kind = %version.kind, "bundle unpacked and checked");
     p.locked(|s| store::add_version(s, &record.name, version.clone()))?;
-    p.refresh();
+    // Uploads never deployed count against publish_keep too.
+    let pruner = p.clone();
+    let _ = tokio::task::spawn_blocking(move || pruner.prune_all()).await;
     let record = p.locked(|s| store::by_id(s, id))?;
     Ok(json(StatusCode::OK, bundle_json(&record, &version, shape)))
 }

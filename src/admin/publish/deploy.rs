@@ -143,7 +143,8 @@ async fn deploy(
     match outcome {
         Ok(()) => {
             task.say("The new version serves: switched (the previous version finishes its requests and sessions)");
-            match publisher.locked(|p| store::prune(p, name)) {
+            let in_use = publisher.reloader.apps.paths_in_use();
+            match publisher.locked(|p| store::prune(p, name, &in_use)) {
                 Ok(removed) if !removed.is_empty() => {
                     task.say(format!("Removed old versions {removed:?} (publish_keep = {})", p.keep))
                 }

@@ -134,7 +134,39 @@ impl Publisher {
             deployments: Mutex::new(BTreeMap::new()),
         });
         p.refresh();
+        p.prune_when_generations_end();
         p
+    }
+
+    /// Removes, in every published app, the versions `store::prunable`
+    /// names (none while a deployment runs: it prunes when it ends).
+    pub(super) fn prune_all(&self) {
+        let Ok(_one) = self.deploying.try_lock() else { return };
+        let in_use = self.reloader.apps.paths_in_use();
+        let names: Vec<String> = self.locked(store::all).unwrap_or_default().into_iter().map(|r| r.name).collect();
+        for name in names {
+            match self.locked(|s| store::prune(s, &name, &in_use)) {
+                Ok(removed) if !removed.is_empty() => tracing::info!(target: "valve::publish", app = %name,
+                    versions = ?removed, keep = self.settings.keep, "old published versions removed"),
+                Ok(_) => {}
+                Err(f) => tracing::warn!(target: "valve::publish", app = %name, error = %f.message,
+                    "cannot remove old published versions"),
+            }
+        }
+        self.refresh();
+    }
+
+    /// Each time an old generation stops, the versions it alone used may go:
+    /// a loop the publisher owns (it ends with the publisher).
+    fn prune_when_generations_end(self: &Arc<Self>) {
+        let mut ended = self.reloader.apps.generations_ended();
+        let this = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while ended.changed().await.is_ok() {
+                let Some(p) = this.upgrade() else { return };
+                let _ = tokio::task::spawn_blocking(move || p.prune_all()).await;
+            }
+        });
     }
 
     /// Who calls, from `Authorization: Key KEY`, reading the keys file

@@ -294,24 +294,50 @@ pub fn set_access(
     Ok(record)
 }
 
-/// Removes app `name`'s oldest versions beyond `keep` (never the active
-/// one); returns the versions removed.
-pub fn prune(p: &Publishing, name: &str) -> Result<Vec<u32>, Fail> {
+/// Which of a record's versions to remove so that at most `keep` remain,
+/// oldest first; never the active one, the newest upload (a deployment may
+/// be about to use it), nor one a live generation still serves from
+/// (`in_use`: serving, starting or winding down). Uploads never deployed
+/// count like the others. Pure: the caller removes them.
+pub fn prunable(record: &AppRecord, keep: usize, in_use: &[u32]) -> Vec<u32> {
+    let newest = record.versions.iter().map(|v| v.version).max();
+    let mut left = record.versions.len();
+    let mut out = Vec::new();
+    for v in record.versions.iter().map(|v| v.version) {
+        if left <= keep {
+            break;
+        }
+        if Some(v) == record.active || Some(v) == newest || in_use.contains(&v) {
+            continue;
+        }
+        out.push(v);
+        left -= 1;
+    }
+    out
+}
+
+/// Removes app `name`'s versions `prunable` names, given the paths live
+/// generations serve from; returns the versions removed.
+pub fn prune(p: &Publishing, name: &str, in_use: &[PathBuf]) -> Result<Vec<u32>, Fail> {
     let mut record = by_name(p, name)?;
     let dir = app_dir(&p.dir, name);
-    let mut removed = Vec::new();
-    while record.versions.len() > p.keep {
-        let Some(i) = record.versions.iter().position(|v| Some(v.version) != record.active) else { break };
-        let old = record.versions.remove(i);
-        let folder: PathBuf = version_dir(&dir, old.version);
+    let used: Vec<u32> = record
+        .versions
+        .iter()
+        .map(|v| v.version)
+        .filter(|n| in_use.iter().any(|path| path.starts_with(version_dir(&dir, *n))))
+        .collect();
+    let removed = prunable(&record, p.keep, &used);
+    for n in &removed {
+        let folder = version_dir(&dir, *n);
         if let Err(e) = std::fs::remove_dir_all(&folder) {
             if e.kind() != std::io::ErrorKind::NotFound {
                 tracing::warn!(folder = %folder.display(), error = %e, "cannot remove an old published version");
             }
         }
-        removed.push(old.version);
     }
     if !removed.is_empty() {
+        record.versions.retain(|v| !removed.contains(&v.version));
         write_record(&dir, &record).map_err(|e| Fail::io("cannot write the app's record", e))?;
     }
     Ok(removed)
@@ -378,7 +404,7 @@ mod tests {
             activate(&p, "sales", Some(n), "alice").unwrap();
         }
         assert_eq!(activate(&p, "sales", Some(1), "bob").unwrap(), Some(3), "the previous active version");
-        assert_eq!(prune(&p, "sales").unwrap(), [2], "the oldest one that is not active");
+        assert_eq!(prune(&p, "sales", &[]).unwrap(), [2], "the oldest one that is not active");
         let r = by_name(&p, "sales").unwrap();
         assert_eq!(r.versions.iter().map(|v| v.version).collect::<Vec<_>>(), [1, 3]);
         assert_eq!(r.current().and_then(|v| v.activated_by.as_deref()), Some("bob"));
@@ -405,6 +431,22 @@ mod tests {
                 std::fs::read_dir(app_dir(d.path(), "api")).unwrap().flatten().map(|e| e.file_name()).collect();
             assert_eq!(left, ["app.json"], "{why}");
         }
+    }
+
+    #[test]
+    fn pruning_spares_the_active_the_newest_and_every_version_a_live_generation_uses() {
+        let record = |active: Option<u32>, versions: &[u32]| AppRecord {
+            active,
+            versions: versions.iter().map(|&version| VersionRecord { version, ..Default::default() }).collect(),
+            ..Default::default()
+        };
+        // keep = 1: v1 still drains after v2 and v3 were deployed.
+        assert_eq!(prunable(&record(Some(3), &[1, 2, 3]), 1, &[1, 3]), [2]);
+        assert_eq!(prunable(&record(Some(3), &[1, 3]), 1, &[3]), [1], "once it has drained");
+        // Uploads never deployed count, oldest first; the active one and the newest stay.
+        assert_eq!(prunable(&record(Some(1), &[1, 2, 3, 4]), 1, &[1]), [2, 3]);
+        assert_eq!(prunable(&record(None, &[5, 6, 7]), 2, &[]), [5]);
+        assert_eq!(prunable(&record(Some(2), &[1, 2, 3]), 3, &[]), Vec::<u32>::new(), "within keep");
     }
 
     #[test]
