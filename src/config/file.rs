@@ -185,7 +185,8 @@ impl<'a> Cx<'a> {
         let private = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
         let server = self.server(&apps, base, private, publish?)?;
         if let Some(range) = self.uid_range() {
-            for (i, why) in settle(&mut apps, &self.args.kernel, range) {
+            let unchecked = self.candidate.filter(|c| c.unchecked).map(|c| c.app.as_str());
+            for (i, why) in settle(&mut apps, &self.args.kernel, range, unchecked) {
                 // The app's own run_as, else the top level's; a folder problem at the app's table
                 // (a published app has none: said without a place).
                 match why {

@@ -513,7 +513,7 @@ impl Args {
             return Err(ConfigError::MinAboveBudget { n_min, max });
         }
         // Whom every app runs as, the published ones among them (own uids are settled together).
-        self.settle(&mut config.apps)?;
+        self.settle(&mut config.apps, candidate.filter(|c| c.unchecked).map(|c| c.app.as_str()))?;
         Ok(config)
     }
 
@@ -557,7 +557,7 @@ impl Args {
             return Err(ConfigError::MinAboveBudget { n_min: app.n_min, max: server.max_workers });
         }
         let mut apps = vec![app];
-        self.settle(&mut apps)?;
+        self.settle(&mut apps, None)?;
         Ok(Config { server, apps, notes: Vec::new() })
     }
 
@@ -583,15 +583,15 @@ impl Args {
             return Err(ConfigError::MinAboveBudget { n_min, max: server.max_workers });
         }
         let mut apps = apps;
-        self.settle(&mut apps)?;
+        self.settle(&mut apps, None)?;
         Ok(Config { server, apps, notes })
     }
 
     /// Whom each app runs as, and whether that user can read it.
-    fn settle(&self, apps: &mut [AppConfig]) -> Result<(), ConfigError> {
+    fn settle(&self, apps: &mut [AppConfig], unchecked: Option<&str>) -> Result<(), ConfigError> {
         let range =
             parse_uid_range(&self.uid_range).map_err(|why| ConfigError::Isolation(format!("--uid-range {why}")))?;
-        let unfit = settle(apps, &self.kernel, range);
+        let unfit = settle(apps, &self.kernel, range, unchecked);
         if unfit.is_empty() {
             return Ok(());
         }

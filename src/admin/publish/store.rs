@@ -450,6 +450,25 @@ mod tests {
     }
 
     #[test]
+    fn giving_a_version_to_its_group_never_follows_a_link_out_of_it() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let d = tempfile::tempdir().unwrap();
+        let outside = d.path().join("outside.txt");
+        std::fs::write(&outside, "x").unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o604)).unwrap();
+        let v = d.path().join("v1");
+        std::fs::create_dir_all(v.join("R")).unwrap();
+        std::fs::write(v.join("R/a.R"), "1").unwrap();
+        std::os::unix::fs::symlink(&outside, v.join("link")).unwrap();
+        let before = std::fs::metadata(&outside).unwrap();
+        give_group(&v, before.gid()).unwrap();
+        let after = std::fs::metadata(&outside).unwrap();
+        assert_eq!((after.mode(), after.uid(), after.gid()), (before.mode(), before.uid(), before.gid()));
+        assert_eq!(std::fs::metadata(v.join("R/a.R")).unwrap().mode() & 0o777, 0o640);
+        assert_eq!(std::fs::metadata(v.join("R")).unwrap().mode() & 0o777, 0o750);
+    }
+
+    #[test]
     fn times_are_rfc3339() {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(1_795_000_000), "2026-11-18T11:06:40Z");

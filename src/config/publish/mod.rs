@@ -27,6 +27,10 @@ use super::model::AppConfig;
 pub struct Candidate {
     pub app: String,
     pub version: u32,
+    /// Leave its folder's readability by the app's user unchecked: the
+    /// deployment learns the app's account from this load, gives the
+    /// version to its group, then loads again with the check.
+    pub unchecked: bool,
 }
 
 /// A published app as a load reads it.
@@ -237,8 +241,11 @@ mod tests {
         assert_eq!(c.server.max_workers, 6, "the budget grows by the published app's n_max");
         assert_eq!(c.server.publish.as_ref().map(|p| p.keep), Some(5));
         // A deployment loads the configuration it would switch to.
-        let c =
-            Source::Site(site.clone(), args(&flags)).load_with(Some(&Candidate { app: "sales".into(), version: 2 }));
+        let c = Source::Site(site.clone(), args(&flags)).load_with(Some(&Candidate {
+            app: "sales".into(),
+            version: 2,
+            unchecked: false,
+        }));
         assert!(c.unwrap_err().to_string().contains("has no usable version 2"), "no such version yet");
         // A configured app at `/` would lose /sales/ to the published app: refused, naming both and the way out.
         let flags = ["-f", api.to_str().unwrap(), "--publish-dir", &dir, "--publish-keys-file", &keys];
