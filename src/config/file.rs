@@ -188,7 +188,8 @@ impl<'a> Cx<'a> {
         let mut said = Default::default();
         if let Some(range) = self.uid_range() {
             let store = Store { dir: server.state_dir.clone(), record: !self.args.check };
-            let settled = settle(&mut apps, &self.args.kernel, range, &store);
+            let unchecked = self.candidate.filter(|c| c.unchecked).map(|c| c.app.as_str());
+            let settled = settle(&mut apps, &self.args.kernel, range, &store, unchecked);
             said = settled.said;
             for (i, why) in settled.unfit {
                 // The app's own run_as, else the top level's; a folder problem at the app's table

@@ -515,7 +515,7 @@ impl Args {
             return Err(ConfigError::MinAboveBudget { n_min, max });
         }
         // Whom every app runs as, the published ones among them (own uids are settled together).
-        self.settle(&mut config)?;
+        self.settle(&mut config, candidate.filter(|c| c.unchecked).map(|c| c.app.as_str()))?;
         Ok(config)
     }
 
@@ -559,7 +559,7 @@ impl Args {
             return Err(ConfigError::MinAboveBudget { n_min: app.n_min, max: server.max_workers });
         }
         let mut config = Config { server, apps: vec![app], notes: Vec::new(), uids: Default::default() };
-        self.settle(&mut config)?;
+        self.settle(&mut config, None)?;
         Ok(config)
     }
 
@@ -585,16 +585,16 @@ impl Args {
             return Err(ConfigError::MinAboveBudget { n_min, max: server.max_workers });
         }
         let mut config = Config { server, apps, notes, uids: Default::default() };
-        self.settle(&mut config)?;
+        self.settle(&mut config, None)?;
         Ok(config)
     }
 
     /// Whom each app runs as, and whether that user can read it.
-    fn settle(&self, config: &mut Config) -> Result<(), ConfigError> {
+    fn settle(&self, config: &mut Config, unchecked: Option<&str>) -> Result<(), ConfigError> {
         let range =
             parse_uid_range(&self.uid_range).map_err(|why| ConfigError::Isolation(format!("--uid-range {why}")))?;
         let store = Store { dir: config.server.state_dir.clone(), record: !self.check };
-        let settled = settle(&mut config.apps, &self.kernel, range, &store);
+        let settled = settle(&mut config.apps, &self.kernel, range, &store, unchecked);
         // Settled again with the published apps: what the first time said stays, once.
         for (said, to) in
             [(settled.said.notes, &mut config.uids.notes), (settled.said.warnings, &mut config.uids.warnings)]

@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokio_util::task::TaskTracker;
 
 use crate::app::{Fleet, Settings, Supervisor};
-use crate::config::{AppConfig, AppSource, Config, LoadError, Source, Trust};
+use crate::config::{AppConfig, AppSource, Config, Trust};
 use crate::http::router::{Mounted, Router, Table};
 use crate::metrics::Registry;
 use crate::worker::sandbox::{Sandbox, Site};
@@ -36,7 +36,9 @@ use crate::worker::zygote::Zygotes;
 use crate::worker::{FrameHub, NoWorkers, RLauncher, Spec, SpoolDir, StartError};
 
 mod fingerprint;
+mod reloader;
 pub use fingerprint::fingerprint;
+pub use reloader::Reloader;
 
 /// Why valve could not serve.
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +111,9 @@ pub struct Apps {
     tasks: TaskTracker,
     /// What became of each new generation, for whoever listens.
     promoted: tokio::sync::broadcast::Sender<Promoted>,
+    /// Counts the old generations that have stopped (a published version
+    /// one of them used may be removed now).
+    ended: tokio::sync::watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -123,6 +128,8 @@ struct State {
     /// Every app's folder and valve's own files, which each app's sandbox hides.
     site: Option<Site>,
     next: u64,
+    /// Old generations winding down, with their app's path.
+    winding: Vec<(Arc<Supervisor>, std::path::PathBuf)>,
 }
 
 /// An app that serves: its current generation and older ones still finishing.
@@ -170,6 +177,7 @@ impl Apps {
             reloading: tokio::sync::Mutex::new(()),
             tasks: TaskTracker::new(),
             promoted: tokio::sync::broadcast::channel(64).0,
+            ended: tokio::sync::watch::channel(0).0,
         })
     }
 
@@ -279,6 +287,21 @@ impl Apps {
         Ok(())
     }
 
+    /// The paths every live generation serves from: serving, starting, and
+    /// winding down (a published version in use is never removed).
+    pub fn paths_in_use(&self) -> Vec<std::path::PathBuf> {
+        let state = self.lock();
+        let configs = state.serving.values().map(|s| &s.config).chain(state.starting.values().map(|s| &s.config));
+        let mut paths: Vec<std::path::PathBuf> = configs.map(|c| c.source.path().to_path_buf()).collect();
+        paths.extend(state.winding.iter().map(|(_, p)| p.clone()));
+        paths
+    }
+
+    /// Changes each time an old generation stops.
+    pub fn generations_ended(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.ended.subscribe()
+    }
+
     /// Current workers of every app, as the ready line and status show them.
     pub fn configs(&self) -> Vec<AppConfig> {
         self.lock().serving.values().map(|s| s.config.clone()).collect()
@@ -375,8 +398,8 @@ impl Apps {
             let gone: Vec<String> = state.serving.keys().filter(|n| !wanted.contains(&n.as_str())).cloned().collect();
             for name in gone {
                 if let Some(s) = state.serving.remove(&name) {
-                    retire.push(s.sup);
-                    retire.extend(s.older);
+                    retire.push((s.sup, Some(s.config.source.path().to_path_buf())));
+                    retire.extend(s.older.into_iter().map(|o| (o, None)));
                 }
                 plan.removed.push(name);
             }
@@ -387,8 +410,9 @@ impl Apps {
                 }
             }
             self.remount(&state);
-            for sup in retire {
-                self.wind_down(sup, state.grace);
+            let grace = state.grace;
+            for (sup, path) in retire {
+                self.wind_down(&mut state, sup, path, grace);
             }
         }
         for (sup, n_min) in launch {
@@ -432,7 +456,8 @@ impl Apps {
                     older.push(old.sup.clone());
                     older.extend(old.older);
                     old.sup.replaced_by(&new.sup);
-                    self.wind_down(old.sup, OLD_GENERATION_MAX);
+                    let path = old.config.source.path().to_path_buf();
+                    self.wind_down(&mut state, old.sup, Some(path), OLD_GENERATION_MAX);
                     tracing::info!(
                         app = name,
                         "reloaded: the new version serves; the previous one finishes its requests and sessions"
@@ -458,8 +483,20 @@ impl Apps {
         }
     }
 
-    /// Winds an old generation down in the background, then forgets it.
-    fn wind_down(self: &Arc<Self>, sup: Arc<Supervisor>, grace: Duration) {
+    /// Winds an old generation down in the background (its path in use
+    /// until it stops), then forgets it.
+    fn wind_down(
+        self: &Arc<Self>,
+        state: &mut State,
+        sup: Arc<Supervisor>,
+        path: Option<std::path::PathBuf>,
+        grace: Duration,
+    ) {
+        if let Some(path) = path {
+            if !state.winding.iter().any(|(o, _)| Arc::ptr_eq(o, &sup)) {
+                state.winding.push((sup.clone(), path));
+            }
+        }
         let this = self.clone();
         self.tasks.spawn(async move {
             sup.wind_down(grace).await;
@@ -467,7 +504,10 @@ impl Apps {
             for s in state.serving.values_mut() {
                 s.older.retain(|o| !Arc::ptr_eq(o, &sup));
             }
+            state.winding.retain(|(o, _)| !Arc::ptr_eq(o, &sup));
             this.remount(&state);
+            drop(state);
+            this.ended.send_modify(|n| *n += 1);
         });
     }
 
@@ -492,68 +532,5 @@ impl Apps {
         if let Some(z) = &self.starters.zygotes {
             z.shutdown().await;
         }
-    }
-}
-
-/// Reads the configuration again and applies it: SIGHUP and
-/// `POST /__valve__/reload`.
-pub struct Reloader {
-    pub apps: Arc<Apps>,
-    source: Source,
-    /// The server settings valve started with (those a reload cannot change).
-    started: Config,
-}
-
-impl Reloader {
-    pub fn new(apps: Arc<Apps>, source: Source, started: Config) -> Arc<Reloader> {
-        Arc::new(Reloader { apps, source, started })
-    }
-
-    /// Where the configuration comes from (what a reload reads).
-    pub fn source(&self) -> &Source {
-        &self.source
-    }
-
-    /// Reloads, or says why nothing changed.
-    pub async fn reload(&self) -> Result<Plan, LoadError> {
-        let source = self.source.clone();
-        let loaded = tokio::task::spawn_blocking(move || source.load()).await.unwrap_or_else(|e| {
-            Err(LoadError::Flags(crate::config::ConfigError::Unreadable { path: String::new(), reason: e.to_string() }))
-        });
-        let config = match loaded {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(source = %self.source.describe(), "reload refused, nothing changed:\n{e}");
-                return Err(e);
-            }
-        };
-        let (old, new) = (&self.started.server, &config.server);
-        for (what, changed) in [
-            ("host", old.host != new.host),
-            ("port", old.port != new.port),
-            ("workers", old.threads != new.threads),
-            ("admin_addr", old.admin_addr != new.admin_addr),
-            ("log_format", old.log_json != new.log_json),
-            ("worker_transport", old.worker_transport != new.worker_transport),
-            ("publish_*", old.publish != new.publish),
-            ("otlp_endpoint", old.otlp != new.otlp),
-        ] {
-            if changed {
-                tracing::warn!(
-                    setting = what,
-                    "this setting changes only when valve restarts; the rest of the reload applies"
-                );
-            }
-        }
-        for note in config.notes.iter().chain(&config.uids.notes) {
-            tracing::info!("{note}");
-        }
-        for warning in config.warnings() {
-            tracing::warn!("{warning}");
-        }
-        let plan = self.apps.reload(config).await;
-        tracing::info!(source = %self.source.describe(), added = ?plan.added, changed = ?plan.changed,
-            removed = ?plan.removed, unchanged = plan.unchanged.len(), "reloading");
-        Ok(plan)
     }
 }

@@ -170,7 +170,15 @@ pub fn as_root() -> bool {
 /// Starts valve with its own state directory (each app's private home) unless
 /// `envs` names one, as `uid` if given.
 fn spawn(args: &[&str], envs: &[(&str, &str)], uid: Option<u32>) -> (Child, Option<tempfile::TempDir>) {
-    let mut cmd = Command::new(valve_bin());
+    let wrap = WRAP.with(|w| w.borrow().clone());
+    let mut cmd = match wrap.split_first() {
+        Some((program, rest)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(rest).arg(valve_bin());
+            cmd
+        }
+        None => Command::new(valve_bin()),
+    };
     cmd.args(args)
         .env("VALVE_LOG", "info")
         .stdin(Stdio::null())
@@ -213,10 +221,23 @@ fn capture(
     });
 }
 
+thread_local! {
+    /// A program (and its arguments) valve is started through, by `start_wrapped`.
+    static WRAP: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl Valve {
     /// Starts valve on a free port with `args` and waits until it says it serves.
     pub fn start(args: &[&str]) -> Valve {
         Self::start_with_env(args, &[])
+    }
+
+    /// As `start`, through `wrap` (such as `setpriv --bounding-set=-sys_admin --`).
+    pub fn start_wrapped(wrap: &[&str], args: &[&str]) -> Valve {
+        WRAP.with(|w| *w.borrow_mut() = wrap.iter().map(|s| s.to_string()).collect());
+        let valve = std::panic::catch_unwind(|| Self::start(args));
+        WRAP.with(|w| w.borrow_mut().clear());
+        valve.unwrap_or_else(|e| std::panic::resume_unwind(e))
     }
 
     pub fn start_with_env(args: &[&str], envs: &[(&str, &str)]) -> Valve {

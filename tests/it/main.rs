@@ -19,6 +19,7 @@ mod observe;
 mod placement;
 mod preload;
 mod publish;
+mod published;
 mod reconnect;
 mod reliability;
 mod rmarkdown;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::harness::{client, need_r_packages, valve_bin, wait_until, Valve};
 
 /// A new key from `valve publish-key NAME`: (key, line for the keys file).
-fn new_key(name: &str) -> (String, String) {
+pub(crate) fn new_key(name: &str) -> (String, String) {
     let out = Command::new(valve_bin()).args(["publish-key", name]).output().expect("valve runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout).to_string();
@@ -75,7 +75,7 @@ cat("valve-test-deployed:", ok, "\n")
     (text.contains("valve-test-deployed: TRUE"), text)
 }
 
-async fn get(url: &str) -> (u16, String) {
+pub(crate) async fn get(url: &str) -> (u16, String) {
     match client().get(url).send().await {
         Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
         Err(e) => (0, e.to_string()),
@@ -83,7 +83,7 @@ async fn get(url: &str) -> (u16, String) {
 }
 
 /// A gzipped tar of raw entries (any path goes in, however bad).
-fn tarball(entries: &[(&str, &[u8])]) -> Vec<u8> {
+pub(crate) fn tarball(entries: &[(&str, &[u8])]) -> Vec<u8> {
     let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     let mut b = tar::Builder::new(gz);
     for (path, data) in entries {
@@ -100,7 +100,7 @@ fn tarball(entries: &[(&str, &[u8])]) -> Vec<u8> {
 
 /// Follows a task as rsconnect 1.x does: from the last line read, waiting up
 /// to a second for more; returns its last answer and every line.
-async fn follow(api: &str, auth: &str, task_id: &str) -> (serde_json::Value, Vec<String>) {
+pub(crate) async fn follow(api: &str, auth: &str, task_id: &str) -> (serde_json::Value, Vec<String>) {
     let (mut first, mut lines) = (0, Vec::new());
     for _ in 0..100 {
         let t: serde_json::Value = client()

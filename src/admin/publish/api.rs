@@ -3,7 +3,9 @@
 //! `/applications/{id}/upload` and `/deploy`, `/tasks/{id}?first_status=`)
 //! and the `v1` one of rsconnect 1.x and `valve_deploy()` (`/v1/content`,
 //! `/v1/content/{guid}/bundles` and `/deploy`, `/v1/tasks/{id}?first=&wait=`).
-//! Both act on the same records; a key may act on every published app.
+//! Both act on the same records. Any key may look apps up (rsconnect finds
+//! an app by its name before it uploads); only the app's owner (the key
+//! that created it) or an admin key may change it or read its tasks.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,10 +15,12 @@ use hyper::body::Incoming;
 use serde_json::{json as j, Value};
 
 use super::deploy;
-use super::publisher::Publisher;
+use super::publisher::{may_change, Caller, Publisher};
 use super::store::{self, rfc3339, Fail};
+use super::unpack::Modes;
 use super::wire::{failed, json, json_body, lists, save_body};
-use crate::config::publish::AppRecord;
+use crate::config::publish::{clash, clash_reason, AppRecord};
+use crate::config::AppConfig;
 use crate::http::reply::ReplyBody;
 
 /// Which shape of the API a call is in.
@@ -28,37 +32,32 @@ enum Shape {
     V1,
 }
 
-pub(super) async fn handle(
-    p: &Arc<Publisher>,
-    req: Request<Incoming>,
-    key: &str,
-    account: usize,
-) -> Response<ReplyBody> {
+pub(super) async fn handle(p: &Arc<Publisher>, req: Request<Incoming>, caller: &Caller) -> Response<ReplyBody> {
     let path = req.uri().path().trim_start_matches("/__api__").trim_matches('/').to_string();
     let query = req.uri().query().unwrap_or("").to_string();
     let method = req.method().clone();
     let parts: Vec<&str> = path.split('/').collect();
     use Shape::{Classic, V1};
     let result = match (&method, parts.as_slice()) {
-        (&Method::GET, ["users", "current"] | ["v1", "user"]) => Ok(json(StatusCode::OK, user(key, account))),
+        (&Method::GET, ["users", "current"] | ["v1", "user"]) => Ok(json(StatusCode::OK, user(caller))),
         (&Method::GET, ["server_settings"] | ["v1", "server_settings"] | ["server_settings", "r"]) => {
             Ok(json(StatusCode::OK, j!({ "version": env!("CARGO_PKG_VERSION"), "product": "valve" })))
         }
         (&Method::GET, ["applications"]) => list(p, &query, Classic),
         (&Method::GET, ["v1", "content"]) => list(p, &query, V1),
-        (&Method::POST, ["applications"]) => create(p, req, key, Classic).await,
-        (&Method::POST, ["v1", "content"]) => create(p, req, key, V1).await,
+        (&Method::POST, ["applications"]) => create(p, req, &caller.name, Classic).await,
+        (&Method::POST, ["v1", "content"]) => create(p, req, &caller.name, V1).await,
         (&Method::GET, ["applications", id]) => one(p, id, Classic),
         (&Method::GET, ["v1", "content", id]) => one(p, id, V1),
-        (&Method::PATCH, ["v1", "content", id]) => access(p, req, id).await,
+        (&Method::PATCH, ["v1", "content", id]) => access(p, req, id, caller).await,
         (&Method::GET, ["applications", id, "config"]) => config(p, id),
         (&Method::GET, ["v1", "content", id, "bundles"]) => bundles(p, id),
-        (&Method::POST, ["applications", id, "upload"]) => upload(p, req, id, key, Classic).await,
-        (&Method::POST, ["v1", "content", id, "bundles"]) => upload(p, req, id, key, V1).await,
-        (&Method::POST, ["applications", id, "deploy"]) => start_deploy(p, req, id, key, Classic).await,
-        (&Method::POST, ["v1", "content", id, "deploy"]) => start_deploy(p, req, id, key, V1).await,
-        (&Method::GET, ["tasks", id]) => task(p, id, &query, Classic).await,
-        (&Method::GET, ["v1", "tasks", id]) => task(p, id, &query, V1).await,
+        (&Method::POST, ["applications", id, "upload"]) => upload(p, req, id, caller, Classic).await,
+        (&Method::POST, ["v1", "content", id, "bundles"]) => upload(p, req, id, caller, V1).await,
+        (&Method::POST, ["applications", id, "deploy"]) => start_deploy(p, req, id, caller, Classic).await,
+        (&Method::POST, ["v1", "content", id, "deploy"]) => start_deploy(p, req, id, caller, V1).await,
+        (&Method::GET, ["tasks", id]) => task(p, id, &query, caller, Classic).await,
+        (&Method::GET, ["v1", "tasks", id]) => task(p, id, &query, caller, V1).await,
         _ => Err(Fail::new(
             StatusCode::NOT_FOUND,
             format!(
@@ -70,7 +69,8 @@ pub(super) async fn handle(
 }
 
 /// The key as a user: its name is the user name, its place in the file the id.
-fn user(key: &str, account: usize) -> Value {
+fn user(caller: &Caller) -> Value {
+    let (key, account) = (&caller.name, caller.number);
     j!({
         "id": account,
         "guid": format!("00000000-0000-0000-0000-{account:012}"),
@@ -154,6 +154,7 @@ fn app_json(p: &Publisher, r: &AppRecord, shape: Shape) -> Value {
             "last_deployed_time": deployed,
             "bundle_id": r.active.map(|n| n.to_string()),
             "owner_guid": null,
+            "owner": r.owner,
             "allow_users": r.allow_users,
             "allow_groups": r.allow_groups,
         }),
@@ -196,14 +197,13 @@ async fn create(
     let title = body["title"].as_str().unwrap_or("").to_string();
     let published: Vec<String> = p.locked(store::all)?.into_iter().map(|r| r.name).collect();
     let configured = p.reloader.apps.configs();
-    let taken = |name: &str| {
-        let prefix = format!("/{name}");
-        configured
-            .iter()
-            .find(|a| !published.contains(&a.name) && (a.name == name || (a.hostname.is_none() && a.prefix == prefix)))
-            .map(|a| a.name.clone())
-    };
+    let configured: Vec<AppConfig> = configured.into_iter().filter(|a| !published.contains(&a.name)).collect();
+    let taken = |name: &str| clash(name, &configured).map(|with| clash_reason(name, with));
     let mut record = p.locked(|s| store::create(s, &name, &title, key, taken))?;
+    if p.modes == Modes::Group {
+        let dir = crate::config::publish::app_dir(&p.settings.dir, &name);
+        store::unlisted(&dir).map_err(|e| Fail::io(&format!("cannot make {} unlisted", dir.display()), e))?;
+    }
     let (users, groups) = lists(&body)?;
     if users.is_some() || groups.is_some() {
         record = p.locked(|s| store::set_access(s, &name, users, groups))?;
@@ -216,8 +216,14 @@ async fn create(
 
 /// `PATCH /v1/content/{guid}` with `allow_users` and `allow_groups`:
 /// who may use the app, from the next request on (a reload, no new workers).
-async fn access(p: &Arc<Publisher>, req: Request<Incoming>, id: &str) -> Result<Response<ReplyBody>, Fail> {
+async fn access(
+    p: &Arc<Publisher>,
+    req: Request<Incoming>,
+    id: &str,
+    caller: &Caller,
+) -> Result<Response<ReplyBody>, Fail> {
     let record = p.locked(|s| store::by_id(s, id))?;
+    may_change(caller, &record)?;
     let body = json_body(req).await?;
     let (users, groups) = lists(&body)?;
     let record = p.locked(|s| store::set_access(s, &record.name, users, groups))?;
@@ -268,10 +274,12 @@ async fn upload(
     p: &Arc<Publisher>,
     req: Request<Incoming>,
     id: &str,
-    key: &str,
+    caller: &Caller,
     shape: Shape,
 ) -> Result<Response<ReplyBody>, Fail> {
     let record = p.locked(|s| store::by_id(s, id))?;
+    may_change(caller, &record)?;
+    let key = caller.name.as_str();
     let uploads = p.settings.dir.join(".uploads");
     std::fs::create_dir_all(&uploads).map_err(|e| Fail::io("cannot store the upload", e))?;
     let tmp = tempfile::Builder::new()
@@ -282,11 +290,12 @@ async fn upload(
         .into_temp_path();
     let size = save_body(req, &tmp, p.settings.max_size).await?;
     let n = p.locked(|s| store::next_version(s, &record.name))?;
-    let (settings, name, key_name, path) =
-        (p.settings.clone(), record.name.clone(), key.to_string(), tmp.to_path_buf());
-    let unpacked = tokio::task::spawn_blocking(move || store::unpack_version(&settings, &name, n, &path, &key_name))
-        .await
-        .map_err(|e| Fail::new(StatusCode::INTERNAL_SERVER_ERROR, format!("the unpacking stopped: {e}")))?;
+    let (settings, name, key_name, path, modes) =
+        (p.settings.clone(), record.name.clone(), key.to_string(), tmp.to_path_buf(), p.modes);
+    let unpacked =
+        tokio::task::spawn_blocking(move || store::unpack_version(&settings, &name, n, &path, &key_name, modes))
+            .await
+            .map_err(|e| Fail::new(StatusCode::INTERNAL_SERVER_ERROR, format!("the unpacking stopped: {e}")))?;
     drop(tmp);
     let version = match unpacked {
         Ok(v) => v,
@@ -298,7 +307,9 @@ async fn upload(
     tracing::info!(target: "valve::publish", key, app = %record.name, version = n, bytes = size,
         files = version.files, kind = %version.kind, "bundle unpacked and checked");
     p.locked(|s| store::add_version(s, &record.name, version.clone()))?;
-    p.refresh();
+    // Uploads never deployed count against publish_keep too.
+    let pruner = p.clone();
+    let _ = tokio::task::spawn_blocking(move || pruner.prune_all()).await;
     let record = p.locked(|s| store::by_id(s, id))?;
     Ok(json(StatusCode::OK, bundle_json(&record, &version, shape)))
 }
@@ -310,10 +321,11 @@ async fn start_deploy(
     p: &Arc<Publisher>,
     req: Request<Incoming>,
     id: &str,
-    key: &str,
+    caller: &Caller,
     shape: Shape,
 ) -> Result<Response<ReplyBody>, Fail> {
     let record = p.locked(|s| store::by_id(s, id))?;
+    may_change(caller, &record)?;
     let body = json_body(req).await?;
     let field = if shape == Shape::Classic { "bundle" } else { "bundle_id" };
     let asked = match &body[field] {
@@ -335,20 +347,31 @@ async fn start_deploy(
             ),
         ));
     }
-    let task = p.tasks.start();
-    tokio::spawn(deploy::run(p.clone(), task.clone(), record.name.clone(), version, key.to_string()));
+    let task = p.tasks.start(&record.name);
+    tokio::spawn(deploy::run(p.clone(), task.clone(), record.name.clone(), version, caller.name.clone()));
     let status = if shape == Shape::V1 { StatusCode::ACCEPTED } else { StatusCode::OK };
     Ok(json(status, j!({ "task_id": task.id.to_string() })))
 }
 
-/// `GET /tasks/{id}?first_status=N` and `GET /v1/tasks/{id}?first=N&wait=S`.
-async fn task(p: &Publisher, id: &str, query: &str, shape: Shape) -> Result<Response<ReplyBody>, Fail> {
+/// `GET /tasks/{id}?first_status=N` and `GET /v1/tasks/{id}?first=N&wait=S`
+/// (the app's owner or an admin key: a deployment's log is the app's).
+async fn task(
+    p: &Publisher,
+    id: &str,
+    query: &str,
+    caller: &Caller,
+    shape: Shape,
+) -> Result<Response<ReplyBody>, Fail> {
     let task = id.parse().ok().and_then(|n| p.tasks.get(n)).ok_or_else(|| {
         Fail::new(
             StatusCode::NOT_FOUND,
             format!("no task {id:?} (valve keeps the last {} tasks)", super::tasks::MAX_TASKS),
         )
     })?;
+    if !caller.admin {
+        let record = p.locked(|s| store::by_name(s, &task.app))?;
+        may_change(caller, &record)?;
+    }
     let q = pairs(query);
     let get = |k: &str| q.iter().find(|(n, _)| n == k).and_then(|(_, v)| v.parse::<f64>().ok());
     let (first, wait) = match shape {

@@ -14,7 +14,8 @@ use std::time::Duration;
 use super::publisher::Publisher;
 use super::store::{self, Fail};
 use super::tasks::Task;
-use crate::config::publish::{Candidate, VersionRule};
+use super::unpack::Modes;
+use crate::config::publish::{app_dir, version_dir, Candidate, VersionRule};
 use crate::config::AppConfig;
 use crate::worker::packages;
 use crate::worker::sandbox::Site;
@@ -74,19 +75,21 @@ async fn deploy(
         v.files, v.bytes, v.appmode, v.kind
     ));
     // The configuration this deployment would switch to, before anything changes.
-    let candidate = Candidate { app: name.to_string(), version };
-    let source = publisher.reloader.source().clone();
-    let loaded = tokio::task::spawn_blocking(move || source.load_with(Some(&candidate)))
-        .await
-        .map_err(|e| format!("the configuration could not be read: {e}"))?;
-    let config =
-        loaded.map_err(|e| format!("the configuration with this version has problems, nothing changed: {e}"))?;
-    let app = config
-        .apps
-        .iter()
-        .find(|a| a.name == name)
-        .cloned()
-        .ok_or_else(|| format!("{name} is not in the configuration this version gives"))?;
+    let group = publisher.modes == Modes::Group;
+    let (config, app) = load(publisher, name, version, group).await?;
+    let (config, app) = if group {
+        // Only the app's group reads the version (its R runs as a user of its own); then the full check.
+        let gid = if app.account.isolated() { app.account.gid } else { 0 };
+        let folder = version_dir(&app_dir(&p.dir, name), version);
+        tokio::task::spawn_blocking(move || store::give_group(&folder, gid))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+            .map_err(|e| format!("cannot give version {version} to the app's group {gid}: {e}; nothing changed"))?;
+        load(publisher, name, version, false).await?
+    } else {
+        (config, app)
+    };
     check_packages(publisher, task, &app, &Site::of(&config), &v.packages).await?;
     let serving = publisher.reloader.apps.configs().into_iter().find(|a| a.name == name);
     if record.active == Some(version) && serving.as_ref().is_some_and(|s| s.source == app.source) {
@@ -132,7 +135,8 @@ async fn deploy(
     match outcome {
         Ok(()) => {
             task.say("The new version serves: switched (the previous version finishes its requests and sessions)");
-            match publisher.locked(|p| store::prune(p, name)) {
+            let in_use = publisher.reloader.apps.paths_in_use();
+            match publisher.locked(|p| store::prune(p, name, &in_use)) {
                 Ok(removed) if !removed.is_empty() => {
                     task.say(format!("Removed old versions {removed:?} (publish_keep = {})", p.keep))
                 }
@@ -143,6 +147,30 @@ async fn deploy(
         }
         Err(why) => Err(revert(format!("version {version} could not start: {why}")).await),
     }
+}
+
+/// The configuration this deployment would switch to, and the app in it
+/// (`unchecked`: its folder's readability by the app's user not checked yet).
+async fn load(
+    publisher: &Publisher,
+    name: &str,
+    version: u32,
+    unchecked: bool,
+) -> Result<(crate::config::Config, AppConfig), String> {
+    let candidate = Candidate { app: name.to_string(), version, unchecked };
+    let source = publisher.reloader.source().clone();
+    let loaded = tokio::task::spawn_blocking(move || source.load_with(Some(&candidate)))
+        .await
+        .map_err(|e| format!("the configuration could not be read: {e}"))?;
+    let config =
+        loaded.map_err(|e| format!("the configuration with this version has problems, nothing changed: {e}"))?;
+    let app = config
+        .apps
+        .iter()
+        .find(|a| a.name == name)
+        .cloned()
+        .ok_or_else(|| format!("{name} is not in the configuration this version gives"))?;
+    Ok((config, app))
 }
 
 /// Asks the app's R (as its workers would run) for the bundle's packages.

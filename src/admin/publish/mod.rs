@@ -51,7 +51,7 @@ impl Publisher {
             return pages::handle(&self, req).await;
         }
         let method = req.method().clone();
-        let Some((key, account)) = self.key_of(req.headers()) else {
+        let Some(caller) = self.key_of(req.headers()) else {
             tracing::info!(target: "valve::publish", key = "-", method = %method, path = %path, status = 401,
                 "publishing call refused: no key or an unknown key");
             return error(
@@ -59,8 +59,8 @@ impl Publisher {
                 "publishing needs an API key valve knows: send `Authorization: Key KEY` (rsconnect::connectApiUser(apiKey = KEY)); keys are made with `valve publish-key NAME`",
             );
         };
-        let resp = api::handle(&self, req, &key, account).await;
-        tracing::info!(target: "valve::publish", key = %key, method = %method, path = %path,
+        let resp = api::handle(&self, req, &caller).await;
+        tracing::info!(target: "valve::publish", key = %caller.name, method = %method, path = %path,
             status = resp.status().as_u16(), "publishing call");
         resp
     }

@@ -101,7 +101,7 @@ async fn activate(p: &Arc<Publisher>, req: Request<Incoming>, name: &str) -> Res
             ),
         ));
     }
-    let task = p.tasks.start();
+    let task = p.tasks.start(name);
     deploy::run(p.clone(), task.clone(), name.to_string(), version, ADMIN.to_string()).await;
     let page = task.page(0, std::time::Duration::ZERO).await;
     let status = if page.code == 0 { StatusCode::OK } else { StatusCode::CONFLICT };

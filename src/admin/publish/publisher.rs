@@ -13,6 +13,7 @@ use http::HeaderMap;
 
 use super::store;
 use super::tasks::Tasks;
+use super::unpack::Modes;
 use crate::config::publish::{read_keys, PublishKeys, Publishing};
 use crate::reload::Reloader;
 
@@ -32,10 +33,69 @@ pub struct Publisher {
     pub(super) records: Mutex<()>,
     /// One deployment at a time.
     pub(super) deploying: tokio::sync::Mutex<()>,
+    /// Who may read what is unpacked: with apps that run as users of their
+    /// own, only root and the app's group.
+    pub(super) modes: Modes,
     /// Each published app's active version, when and by which key.
     pub(super) summary: Mutex<BTreeMap<String, Summary>>,
     /// Deployments by app and outcome (true: switched).
     pub(super) deployments: Mutex<BTreeMap<(String, bool), u64>>,
+}
+
+/// With apps that run as users of their own: the publish folder and each
+/// app's folder 0711 (passable, not listable), and every kept version given
+/// to its app's group (versions unpacked before valve did so were readable
+/// by everyone). Problems are logged; the apps are served regardless.
+fn lock_down(settings: &Publishing, apps: &[crate::config::AppConfig]) {
+    let warn = |path: &std::path::Path, e: std::io::Error| {
+        tracing::warn!(target: "valve::publish", path = %path.display(), error = %e,
+            "cannot make a published folder private to its app (check publish_dir's owner)")
+    };
+    if let Err(e) = std::fs::create_dir_all(&settings.dir).and_then(|_| store::unlisted(&settings.dir)) {
+        warn(&settings.dir, e);
+    }
+    for record in store::all(settings).unwrap_or_default() {
+        let dir = crate::config::publish::app_dir(&settings.dir, &record.name);
+        if let Err(e) = store::unlisted(&dir) {
+            warn(&dir, e);
+        }
+        let gid = apps.iter().find(|a| a.name == record.name && a.account.isolated()).map_or(0, |a| a.account.gid);
+        for v in &record.versions {
+            let folder = crate::config::publish::version_dir(&dir, v.version);
+            if let Err(e) = store::give_group(&folder, gid) {
+                warn(&folder, e);
+            }
+        }
+    }
+}
+
+/// The key a publishing call came with: its name, its place in the keys
+/// file (from 1: the account id clients see), and whether it is an admin key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub name: String,
+    pub number: usize,
+    pub admin: bool,
+}
+
+/// Whether `caller` may change published app `record` (upload, deploy, roll
+/// back, set access, read its tasks): its owner or an admin key; else a 403
+/// naming the app, its owner and what to do.
+pub fn may_change(caller: &Caller, record: &crate::config::publish::AppRecord) -> Result<(), store::Fail> {
+    if caller.admin || record.owner.as_deref() == Some(caller.name.as_str()) {
+        return Ok(());
+    }
+    let message = match &record.owner {
+        Some(owner) => format!(
+            "the published app `{}` belongs to the key `{owner}`, not to `{}`: publish under another name, or ask its owner or an admin key (marked `admin` in publish_keys_file)",
+            record.name, caller.name
+        ),
+        None => format!(
+            "the published app `{}` was published before valve recorded owners, so only an admin key (marked `admin` in publish_keys_file) may change it; an operator can give it an owner with `\"owner\": \"KEYNAME\"` in its app.json",
+            record.name
+        ),
+    };
+    Err(store::Fail::new(http::StatusCode::FORBIDDEN, message))
 }
 
 /// What the status page and metrics say of a published app.
@@ -53,6 +113,14 @@ impl Publisher {
         let modified = std::fs::metadata(&settings.keys_file).and_then(|m| m.modified()).ok();
         // The configuration's load checked the file; should it have changed since, it is read again at the first call.
         let keys = read_keys(&settings.keys_file).unwrap_or_default();
+        let started = reloader.started();
+        let modes = match started.server.isolation {
+            crate::config::Isolation::Shared => Modes::Open,
+            _ => Modes::Group,
+        };
+        if modes == Modes::Group {
+            lock_down(&settings, &started.apps);
+        }
         let p = Arc::new(Publisher {
             settings,
             keys: Mutex::new((modified, keys)),
@@ -61,16 +129,49 @@ impl Publisher {
             base_url: crate::http::server::display_addr(addr),
             records: Mutex::new(()),
             deploying: tokio::sync::Mutex::new(()),
+            modes,
             summary: Mutex::new(BTreeMap::new()),
             deployments: Mutex::new(BTreeMap::new()),
         });
         p.refresh();
+        p.prune_when_generations_end();
         p
     }
 
-    /// The key's name and number from `Authorization: Key KEY`, reading the
-    /// keys file again if it changed.
-    pub(super) fn key_of(&self, headers: &HeaderMap) -> Option<(String, usize)> {
+    /// Removes, in every published app, the versions `store::prunable`
+    /// names (none while a deployment runs: it prunes when it ends).
+    pub(super) fn prune_all(&self) {
+        let Ok(_one) = self.deploying.try_lock() else { return };
+        let in_use = self.reloader.apps.paths_in_use();
+        let names: Vec<String> = self.locked(store::all).unwrap_or_default().into_iter().map(|r| r.name).collect();
+        for name in names {
+            match self.locked(|s| store::prune(s, &name, &in_use)) {
+                Ok(removed) if !removed.is_empty() => tracing::info!(target: "valve::publish", app = %name,
+                    versions = ?removed, keep = self.settings.keep, "old published versions removed"),
+                Ok(_) => {}
+                Err(f) => tracing::warn!(target: "valve::publish", app = %name, error = %f.message,
+                    "cannot remove old published versions"),
+            }
+        }
+        self.refresh();
+    }
+
+    /// Each time an old generation stops, the versions it alone used may go:
+    /// a loop the publisher owns (it ends with the publisher).
+    fn prune_when_generations_end(self: &Arc<Self>) {
+        let mut ended = self.reloader.apps.generations_ended();
+        let this = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while ended.changed().await.is_ok() {
+                let Some(p) = this.upgrade() else { return };
+                let _ = tokio::task::spawn_blocking(move || p.prune_all()).await;
+            }
+        });
+    }
+
+    /// Who calls, from `Authorization: Key KEY`, reading the keys file
+    /// again if it changed.
+    pub(super) fn key_of(&self, headers: &HeaderMap) -> Option<Caller> {
         let presented = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
         let (scheme, key) = presented.trim().split_once(' ')?;
         if !scheme.eq_ignore_ascii_case("key") {
@@ -89,9 +190,10 @@ impl Publisher {
                     "publish_keys_file changed but has problems: the keys read before stay"),
             }
         }
-        let name = cached.1.name_of(key)?.to_string();
+        let found = cached.1.key_of(key)?;
+        let (name, admin) = (found.name.clone(), found.admin);
         let number = cached.1.names().position(|n| n == name).map_or(0, |i| i + 1);
-        Some((name, number))
+        Some(Caller { name, number, admin })
     }
 
     /// Runs `f` on the settings with the records lock held.
@@ -205,6 +307,22 @@ pub(crate) fn metrics(summary: &BTreeMap<String, Summary>, deployments: &BTreeMa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_owner_or_an_admin_key_may_change_an_app_and_an_ownerless_one_is_admins_only() {
+        let who = |name: &str, admin: bool| Caller { name: name.into(), number: 1, admin };
+        let mut record =
+            crate::config::publish::AppRecord { name: "sales".into(), owner: Some("ann".into()), ..Default::default() };
+        assert!(may_change(&who("ann", false), &record).is_ok());
+        assert!(may_change(&who("ops", true), &record).is_ok());
+        let e = may_change(&who("bob", false), &record).unwrap_err();
+        assert_eq!(e.status, http::StatusCode::FORBIDDEN);
+        assert!(e.message.contains("`sales` belongs to the key `ann`, not to `bob`"), "{}", e.message);
+        record.owner = None;
+        let e = may_change(&who("ann", false), &record).unwrap_err();
+        assert!(e.message.contains("only an admin key") && e.message.contains("app.json"), "{}", e.message);
+        assert!(may_change(&who("ops", true), &record).is_ok());
+    }
 
     #[test]
     fn metrics_name_the_version_and_the_key() {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use http::StatusCode;
 
-use super::unpack::{self, Limits};
+use super::unpack::{self, Limits, Modes};
 use crate::config::publish::{
     app_dir, bundle_source, read_record, read_records, version_dir, write_record, AppRecord, Publishing, VersionRecord,
 };
@@ -92,8 +92,8 @@ pub fn by_id(p: &Publishing, id: &str) -> Result<AppRecord, Fail> {
         .ok_or_else(|| Fail::new(StatusCode::NOT_FOUND, format!("no published app has the id {id:?}")))
 }
 
-/// Creates app `name` (no version yet). `taken` says whether a configured
-/// app already has the name or its path.
+/// Creates app `name` (no version yet). `taken` says why a configured app
+/// already has the name or its paths, if one does.
 pub fn create(
     p: &Publishing,
     name: &str,
@@ -107,10 +107,10 @@ pub fn create(
             format!("{name:?} cannot be a published app's name: use 1 to 64 letters, digits, `-`, `_` or `.` (it becomes the path /{name}/)"),
         ));
     }
-    if let Some(app) = taken(name) {
+    if let Some(why) = taken(name) {
         return Err(Fail::new(
             StatusCode::CONFLICT,
-            format!("the name {name:?} (and the path /{name}/) belongs to the app `{app}` in valve's configuration: publish under another name (deployApp(appName = ...))"),
+            format!("{why}: publish under another name (deployApp(appName = ...)), or have the operator mount the configured app under a path of its own (path = \"/NAME\" in its [[app]])"),
         ));
     }
     let records = all(p)?;
@@ -129,6 +129,7 @@ pub fn create(
         title: title.to_string(),
         created: now(),
         created_by: key.to_string(),
+        owner: Some(key.to_string()),
         next_version: 1,
         ..AppRecord::default()
     };
@@ -149,13 +150,25 @@ pub fn next_version(p: &Publishing, name: &str) -> Result<u32, Fail> {
 /// Unpacks `tarball` as version `n` of app `name` (into a hidden folder,
 /// renamed once checked), reads its manifest and checks its kind. Nothing
 /// is left of a refused bundle.
-pub fn unpack_version(p: &Publishing, name: &str, n: u32, tarball: &Path, key: &str) -> Result<VersionRecord, Fail> {
+pub fn unpack_version(
+    p: &Publishing,
+    name: &str,
+    n: u32,
+    tarball: &Path,
+    key: &str,
+    modes: Modes,
+) -> Result<VersionRecord, Fail> {
     let dir = app_dir(&p.dir, name);
     let partial = dir.join(format!(".v{n}.partial"));
     let _ = std::fs::remove_dir_all(&partial);
     let refused = |why: String| Fail::new(StatusCode::BAD_REQUEST, format!("the bundle was refused: {why}"));
-    let limits = Limits { max_bytes: p.max_size, max_files: p.max_files };
-    let unpacked = unpack::unpack(tarball, &partial, limits).map_err(|e| refused(e.to_string()))?;
+    let limits = Limits {
+        max_bytes: p.max_size,
+        max_files: p.max_files,
+        max_depth: unpack::MAX_DEPTH,
+        max_path: unpack::MAX_PATH,
+    };
+    let unpacked = unpack::unpack(tarball, &partial, limits, modes).map_err(|e| refused(e.to_string()))?;
     let checked = manifest(&partial).and_then(|(appmode, packages)| {
         let source = bundle_source(&partial, &appmode)?;
         Ok((appmode, packages, source.kind().to_string()))
@@ -184,6 +197,37 @@ pub fn unpack_version(p: &Publishing, name: &str, n: u32, tarball: &Path, key: &
         activated: None,
         activated_by: None,
     })
+}
+
+/// Gives the tree at `dir` (an unpacked version) to root and group `gid`,
+/// readable by that group alone: files 0640 (0750 if executable), folders
+/// 0750; links are not followed. Done before an app with a user of its own
+/// serves the version (its R reads it through its group).
+pub fn give_group(dir: &Path, gid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(at) = todo.pop() {
+        let meta = std::fs::symlink_metadata(&at)?;
+        std::os::unix::fs::lchown(&at, Some(0), Some(gid))?;
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        let mode = if meta.is_dir() || meta.permissions().mode() & 0o100 != 0 { 0o750 } else { 0o640 };
+        std::fs::set_permissions(&at, std::fs::Permissions::from_mode(mode))?;
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(&at)? {
+                todo.push(entry?.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Makes `dir` (the publish folder, or an app's folder above its versions)
+/// passable but not listable by others: 0711.
+pub fn unlisted(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
 }
 
 /// Adds a version to app `name`'s record.
@@ -250,24 +294,50 @@ pub fn set_access(
     Ok(record)
 }
 
-/// Removes app `name`'s oldest versions beyond `keep` (never the active
-/// one); returns the versions removed.
-pub fn prune(p: &Publishing, name: &str) -> Result<Vec<u32>, Fail> {
+/// Which of a record's versions to remove so that at most `keep` remain,
+/// oldest first; never the active one, the newest upload (a deployment may
+/// be about to use it), nor one a live generation still serves from
+/// (`in_use`: serving, starting or winding down). Uploads never deployed
+/// count like the others. Pure: the caller removes them.
+pub fn prunable(record: &AppRecord, keep: usize, in_use: &[u32]) -> Vec<u32> {
+    let newest = record.versions.iter().map(|v| v.version).max();
+    let mut left = record.versions.len();
+    let mut out = Vec::new();
+    for v in record.versions.iter().map(|v| v.version) {
+        if left <= keep {
+            break;
+        }
+        if Some(v) == record.active || Some(v) == newest || in_use.contains(&v) {
+            continue;
+        }
+        out.push(v);
+        left -= 1;
+    }
+    out
+}
+
+/// Removes app `name`'s versions `prunable` names, given the paths live
+/// generations serve from; returns the versions removed.
+pub fn prune(p: &Publishing, name: &str, in_use: &[PathBuf]) -> Result<Vec<u32>, Fail> {
     let mut record = by_name(p, name)?;
     let dir = app_dir(&p.dir, name);
-    let mut removed = Vec::new();
-    while record.versions.len() > p.keep {
-        let Some(i) = record.versions.iter().position(|v| Some(v.version) != record.active) else { break };
-        let old = record.versions.remove(i);
-        let folder: PathBuf = version_dir(&dir, old.version);
+    let used: Vec<u32> = record
+        .versions
+        .iter()
+        .map(|v| v.version)
+        .filter(|n| in_use.iter().any(|path| path.starts_with(version_dir(&dir, *n))))
+        .collect();
+    let removed = prunable(&record, p.keep, &used);
+    for n in &removed {
+        let folder = version_dir(&dir, *n);
         if let Err(e) = std::fs::remove_dir_all(&folder) {
             if e.kind() != std::io::ErrorKind::NotFound {
                 tracing::warn!(folder = %folder.display(), error = %e, "cannot remove an old published version");
             }
         }
-        removed.push(old.version);
     }
     if !removed.is_empty() {
+        record.versions.retain(|v| !removed.contains(&v.version));
         write_record(&dir, &record).map_err(|e| Fail::io("cannot write the app's record", e))?;
     }
     Ok(removed)
@@ -317,8 +387,9 @@ mod tests {
         assert_eq!((app.id, app.active, app.guid.len()), (1, None, 36));
         let e = create(&p, "sales", "", "bob", free).unwrap_err();
         assert_eq!(e.status, StatusCode::CONFLICT);
-        let e = create(&p, "docs", "", "bob", |_| Some("docs".into())).unwrap_err();
-        assert!(e.message.contains("belongs to the app `docs` in valve's configuration"), "{}", e.message);
+        let e =
+            create(&p, "docs", "", "bob", |_| Some("the path /docs/ belongs to the app `docs`".into())).unwrap_err();
+        assert!(e.message.contains("belongs to the app `docs`") && e.message.contains("another name"), "{}", e.message);
         assert_eq!(create(&p, "../x", "", "bob", free).unwrap_err().status, StatusCode::BAD_REQUEST);
         assert_eq!(create(&p, "hr", "", "bob", free).unwrap().id, 2);
 
@@ -326,14 +397,14 @@ mod tests {
             let n = next_version(&p, "sales").unwrap();
             assert_eq!(n, round);
             let b = bundle(&[("manifest.json", MANIFEST), ("plumber.R", "#* @get /\nfunction() 1\n")]);
-            let v = unpack_version(&p, "sales", n, b.path(), "alice").unwrap();
+            let v = unpack_version(&p, "sales", n, b.path(), "alice", Modes::Open).unwrap();
             assert_eq!((v.appmode.as_str(), v.kind.as_str(), v.files), ("api", "plumber-dir", 2));
             assert_eq!(v.packages, [("plumber".to_string(), "1.2.1".to_string())]);
             add_version(&p, "sales", v).unwrap();
             activate(&p, "sales", Some(n), "alice").unwrap();
         }
         assert_eq!(activate(&p, "sales", Some(1), "bob").unwrap(), Some(3), "the previous active version");
-        assert_eq!(prune(&p, "sales").unwrap(), [2], "the oldest one that is not active");
+        assert_eq!(prune(&p, "sales", &[]).unwrap(), [2], "the oldest one that is not active");
         let r = by_name(&p, "sales").unwrap();
         assert_eq!(r.versions.iter().map(|v| v.version).collect::<Vec<_>>(), [1, 3]);
         assert_eq!(r.current().and_then(|v| v.activated_by.as_deref()), Some("bob"));
@@ -354,12 +425,47 @@ mod tests {
             (vec![("manifest.json", "{")], "not JSON"),
         ] {
             let n = next_version(&p, "api").unwrap();
-            let e = unpack_version(&p, "api", n, bundle(&files).path(), "alice").unwrap_err();
+            let e = unpack_version(&p, "api", n, bundle(&files).path(), "alice", Modes::Open).unwrap_err();
             assert!(e.message.starts_with("the bundle was refused: ") && e.message.contains(why), "{}", e.message);
             let left: Vec<_> =
                 std::fs::read_dir(app_dir(d.path(), "api")).unwrap().flatten().map(|e| e.file_name()).collect();
             assert_eq!(left, ["app.json"], "{why}");
         }
+    }
+
+    #[test]
+    fn pruning_spares_the_active_the_newest_and_every_version_a_live_generation_uses() {
+        let record = |active: Option<u32>, versions: &[u32]| AppRecord {
+            active,
+            versions: versions.iter().map(|&version| VersionRecord { version, ..Default::default() }).collect(),
+            ..Default::default()
+        };
+        // keep = 1: v1 still drains after v2 and v3 were deployed.
+        assert_eq!(prunable(&record(Some(3), &[1, 2, 3]), 1, &[1, 3]), [2]);
+        assert_eq!(prunable(&record(Some(3), &[1, 3]), 1, &[3]), [1], "once it has drained");
+        // Uploads never deployed count, oldest first; the active one and the newest stay.
+        assert_eq!(prunable(&record(Some(1), &[1, 2, 3, 4]), 1, &[1]), [2, 3]);
+        assert_eq!(prunable(&record(None, &[5, 6, 7]), 2, &[]), [5]);
+        assert_eq!(prunable(&record(Some(2), &[1, 2, 3]), 3, &[]), Vec::<u32>::new(), "within keep");
+    }
+
+    #[test]
+    fn giving_a_version_to_its_group_never_follows_a_link_out_of_it() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let d = tempfile::tempdir().unwrap();
+        let outside = d.path().join("outside.txt");
+        std::fs::write(&outside, "x").unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o604)).unwrap();
+        let v = d.path().join("v1");
+        std::fs::create_dir_all(v.join("R")).unwrap();
+        std::fs::write(v.join("R/a.R"), "1").unwrap();
+        std::os::unix::fs::symlink(&outside, v.join("link")).unwrap();
+        let before = std::fs::metadata(&outside).unwrap();
+        give_group(&v, before.gid()).unwrap();
+        let after = std::fs::metadata(&outside).unwrap();
+        assert_eq!((after.mode(), after.uid(), after.gid()), (before.mode(), before.uid(), before.gid()));
+        assert_eq!(std::fs::metadata(v.join("R/a.R")).unwrap().mode() & 0o777, 0o640);
+        assert_eq!(std::fs::metadata(v.join("R")).unwrap().mode() & 0o777, 0o750);
     }
 
     #[test]

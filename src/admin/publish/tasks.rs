@@ -22,6 +22,8 @@ pub const MAX_WAIT: Duration = Duration::from_secs(30);
 #[derive(Default)]
 pub struct Task {
     pub id: u64,
+    /// The published app it deploys.
+    pub app: String,
     state: Mutex<State>,
     changed: Notify,
 }
@@ -116,8 +118,8 @@ pub struct Tasks {
 }
 
 impl Tasks {
-    /// A new task (the oldest finished one goes when `MAX_TASKS` are kept).
-    pub fn start(&self) -> Arc<Task> {
+    /// A new task deploying `app` (the oldest finished one goes when `MAX_TASKS` are kept).
+    pub fn start(&self, app: &str) -> Arc<Task> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.0 += 1;
         let id = inner.0;
@@ -127,7 +129,7 @@ impl Tasks {
                 inner.1.remove(&old);
             }
         }
-        let task = Arc::new(Task { id, ..Task::default() });
+        let task = Arc::new(Task { id, app: app.to_string(), ..Task::default() });
         inner.1.insert(id, task.clone());
         task
     }
@@ -144,7 +146,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_log_is_read_from_where_the_client_left_off_and_a_wait_ends_with_a_line() {
         let tasks = Tasks::default();
-        let t = tasks.start();
+        let t = tasks.start("api");
         t.say("unpacked");
         t.say("checked");
         let p = t.page(0, Duration::ZERO).await;
@@ -170,14 +172,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn logs_and_tasks_are_bounded() {
         let tasks = Tasks::default();
-        let first = tasks.start();
+        let first = tasks.start("api");
         for i in 0..MAX_LINES + 10 {
             first.say(format!("line {i}"));
         }
         assert_eq!(first.page(0, Duration::ZERO).await.last, MAX_LINES);
         first.finish(Ok("done".into()));
         for _ in 0..MAX_TASKS {
-            tasks.start();
+            tasks.start("api");
         }
         assert!(tasks.get(first.id).is_none(), "the oldest finished task went");
         assert_eq!(tasks.inner.lock().unwrap().1.len(), MAX_TASKS);

@@ -1,6 +1,7 @@
 //! The publishing keys file (`publish_keys_file`): one key a line, `NAME KEY`
-//! or `NAME sha256:HEX` (the key's SHA-256, so the file need hold no secret);
-//! `#` starts a comment. valve keeps only the hashes in memory and compares
+//! or `NAME sha256:HEX` (the key's SHA-256, so the file need hold no secret),
+//! and `admin` after it for a key that may act on every published app (the
+//! others act on the apps they created); `#` starts a comment. valve keeps only the hashes in memory and compares
 //! them whole, in constant time.
 
 use std::path::Path;
@@ -20,6 +21,8 @@ pub struct PublishKeys {
 #[derive(Clone, PartialEq, Eq)]
 pub struct PublishKey {
     pub name: String,
+    /// Marked `admin`: may act on every published app.
+    pub admin: bool,
     sha256: [u8; 32],
 }
 
@@ -34,12 +37,17 @@ impl PublishKeys {
     /// hash is compared whole, so the time taken says nothing about which
     /// came close.
     pub fn name_of(&self, presented: &str) -> Option<&str> {
+        self.key_of(presented).map(|k| k.name.as_str())
+    }
+
+    /// The key `presented`, if it is one of these (compared as `name_of` does).
+    pub fn key_of(&self, presented: &str) -> Option<&PublishKey> {
         let hash: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         let mut found = None;
         for key in &self.keys {
             let differ = key.sha256.iter().zip(hash.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b));
             if differ == 0 && found.is_none() {
-                found = Some(key.name.as_str());
+                found = Some(key);
             }
         }
         found
@@ -84,8 +92,21 @@ pub fn parse_keys(text: &str) -> Result<PublishKeys, String> {
             continue;
         }
         let mut words = line.split_whitespace();
-        let (Some(name), Some(secret), None) = (words.next(), words.next(), words.next()) else {
-            return Err(format!("{n}: write `NAME KEY` or `NAME sha256:HEX` (two words), not {:?}", shorten(line)));
+        let (Some(name), Some(secret), marker, None) = (words.next(), words.next(), words.next(), words.next()) else {
+            return Err(format!(
+                "{n}: write `NAME KEY` or `NAME sha256:HEX` (two words, and `admin` for a key that may act on every app), not {:?}",
+                shorten(line)
+            ));
+        };
+        let admin = match marker {
+            None => false,
+            Some("admin") => true,
+            Some(other) => {
+                return Err(format!(
+                    "{n}: the third word after the key of {name:?} must be `admin` (a key that may act on every published app), not {:?}",
+                    shorten(other)
+                ))
+            }
         };
         if !super::super::model::valid_name(name) {
             return Err(format!("{n}: the key name {name:?} must be letters, digits, `-`, `_` or `.`"));
@@ -104,7 +125,7 @@ pub fn parse_keys(text: &str) -> Result<PublishKeys, String> {
             }
             None => Sha256::digest(secret.as_bytes()).into(),
         };
-        keys.push(PublishKey { name: name.to_string(), sha256 });
+        keys.push(PublishKey { name: name.to_string(), admin, sha256 });
     }
     Ok(PublishKeys { keys })
 }
@@ -178,6 +199,19 @@ mod tests {
         assert!(!format!("{keys:?}").contains("secret"), "no key in debug output");
         assert!(key.starts_with("valve_") && key.len() > MIN_KEY_CHARS);
         assert_ne!(new_key("ci").unwrap().0, key, "random");
+        assert!(!keys.key_of(&key).unwrap().admin, "two words: not an admin key");
+    }
+
+    #[test]
+    fn a_third_word_admin_marks_an_admin_key_and_nothing_else_is_taken() {
+        let long = "k".repeat(30);
+        let keys = parse_keys(&format!("ops {long} admin # may act on every app\nann {long}x\n")).unwrap();
+        assert_eq!(keys.key_of(&long).map(|k| (k.name.as_str(), k.admin)), Some(("ops", true)));
+        assert_eq!(keys.key_of(&format!("{long}x")).map(|k| (k.name.as_str(), k.admin)), Some(("ann", false)));
+        let e = parse_keys(&format!("ops {long} root\n")).unwrap_err();
+        assert!(e.starts_with("1: the third word after the key of \"ops\" must be `admin`"), "{e}");
+        let e = parse_keys(&format!("ops {long} admin extra\n")).unwrap_err();
+        assert!(e.starts_with("1: write `NAME KEY`"), "{e}");
     }
 
     #[test]

@@ -27,6 +27,10 @@ use super::model::AppConfig;
 pub struct Candidate {
     pub app: String,
     pub version: u32,
+    /// Leave its folder's readability by the app's user unchecked: the
+    /// deployment learns the app's account from this load, gives the
+    /// version to its group, then loads again with the check.
+    pub unchecked: bool,
 }
 
 /// A published app as a load reads it.
@@ -66,19 +70,48 @@ pub fn published(p: &Publishing, candidate: Option<&Candidate>) -> Result<Vec<Pu
     Ok(out)
 }
 
-/// Whether a published app's name or path (`/<name>`) is a configured app's.
+/// The configured app a published app named `name` would clash with: one
+/// of the same name, or one on every host (a published app serves on every
+/// host) whose path it would shadow or be shadowed by. The router takes the
+/// longest prefix, so a configured app at `/` or at `/<name>` loses
+/// `/<name>/...` to the published app, and one under `/<name>/` takes part
+/// of the published app's paths. An app bound to a hostname is matched
+/// before any other for its host, so it neither shadows nor is shadowed.
 pub fn clash<'a>(name: &str, configured: &'a [AppConfig]) -> Option<&'a AppConfig> {
-    let prefix = format!("/{name}");
-    configured.iter().find(|a| a.name == name || (a.hostname.is_none() && a.prefix == prefix))
+    let path = format!("/{name}");
+    let under = format!("/{name}/");
+    configured.iter().find(|a| {
+        a.name == name
+            || (a.hostname.is_none() && (a.prefix == "/" || a.prefix == path || a.prefix.starts_with(&under)))
+    })
+}
+
+/// Why a published app named `name` cannot be beside configured app `with`,
+/// and what to do.
+pub fn clash_reason(name: &str, with: &AppConfig) -> String {
+    if with.name == name {
+        return format!(
+            "the name {name:?} (and the path /{name}/) belongs to the app `{name}` in valve's configuration, at {}",
+            with.prefix
+        );
+    }
+    let how = if with.prefix.len() > name.len() + 1 {
+        "it would lose those paths to the configured app, which is mounted under them"
+    } else {
+        "valve routes a request to the longest matching path, so the published app would take those paths (and the cookies and identity headers sent there) from it"
+    };
+    format!(
+        "the path /{name}/ belongs to the app `{}` in valve's configuration, mounted at {}: {how}",
+        with.name, with.prefix
+    )
 }
 
 /// The error for a published app that clashes with a configured one.
 pub(crate) fn clash_error(p: &Publishing, name: &str, with: &AppConfig) -> ConfigError {
     ConfigError::Published(format!(
-        "the published app `{name}` (in {}) has the name or the path of the configured app `{}` at {}: rename the configured app, or unpublish this one by removing its folder",
+        "the published app `{name}` (in {}) cannot be served: {}; mount the configured app under a path of its own (path = \"/NAME\" in its [[app]]) or rename it, or unpublish this one by removing its folder",
         app_dir(&p.dir, name).display(),
-        with.name,
-        with.prefix
+        clash_reason(name, with),
     ))
 }
 
@@ -200,32 +233,84 @@ mod tests {
         let (d, dir, keys) = published_one("sales", Some(vec!["ann".into()]));
         let api = d.path().join("api.R");
         std::fs::write(&api, "").unwrap();
-        let flags = ["-f", api.to_str().unwrap(), "--publish-dir", &dir, "--publish-keys-file", &keys];
-        let c = args(&flags).single().unwrap();
+        let site = d.path().join("site");
+        std::fs::create_dir_all(site.join("api")).unwrap();
+        std::fs::write(site.join("api/plumber.R"), "").unwrap();
+        let flags = ["--site", site.to_str().unwrap(), "--publish-dir", &dir, "--publish-keys-file", &keys];
+        let c = Source::Site(site.clone(), args(&flags)).load().unwrap();
         let names: Vec<(&str, &str)> = c.apps.iter().map(|a| (a.name.as_str(), a.prefix.as_str())).collect();
-        assert_eq!(names, [("api", "/"), ("sales", "/sales")]);
+        assert_eq!(names, [("api", "/api"), ("sales", "/sales")]);
         assert_eq!(c.apps[1].allow.users.as_deref(), Some(&["ann".to_string()][..]));
         assert_eq!(c.server.max_workers, 6, "the budget grows by the published app's n_max");
         assert_eq!(c.server.publish.as_ref().map(|p| p.keep), Some(5));
         // A deployment loads the configuration it would switch to.
-        let c = Source::Flags(args(&flags)).load_with(Some(&Candidate { app: "sales".into(), version: 2 }));
+        let c = Source::Site(site.clone(), args(&flags)).load_with(Some(&Candidate {
+            app: "sales".into(),
+            version: 2,
+            unchecked: false,
+        }));
         assert!(c.unwrap_err().to_string().contains("has no usable version 2"), "no such version yet");
+        // A configured app at `/` would lose /sales/ to the published app: refused, naming both and the way out.
+        let flags = ["-f", api.to_str().unwrap(), "--publish-dir", &dir, "--publish-keys-file", &keys];
+        let e = args(&flags).single().unwrap_err().to_string();
+        assert!(
+            e.contains("the published app `sales`")
+                && e.contains("the app `api` in valve's configuration, mounted at /:"),
+            "{e}"
+        );
+        assert!(e.contains("mount the configured app under a path of its own"), "{e}");
         // A config file: the published app is an [[app]] of its own, under the file's defaults.
         let toml = d.path().join("valve.toml");
         std::fs::write(
             &toml,
-            format!("n_max = 2\npublish_dir = \"{dir}\"\npublish_keys_file = \"{keys}\"\n[[app]]\nname = \"api\"\nfile = \"api.R\"\n"),
+            format!("n_max = 2\npublish_dir = \"{dir}\"\npublish_keys_file = \"{keys}\"\n[[app]]\nname = \"api\"\npath = \"/api\"\nfile = \"api.R\"\n"),
         )
         .unwrap();
         let c = Source::File(toml.clone(), args(&[])).load().unwrap();
         assert_eq!(c.apps.iter().map(|a| (a.name.as_str(), a.n_max)).collect::<Vec<_>>(), [("api", 2), ("sales", 2)]);
         assert_eq!(c.server.max_workers, 4);
+        // An app mounted under the published app's path would take part of it: refused too.
+        std::fs::write(
+            &toml,
+            format!("publish_dir = \"{dir}\"\npublish_keys_file = \"{keys}\"\n[[app]]\nname = \"api\"\npath = \"/sales/api\"\nfile = \"api.R\"\n"),
+        )
+        .unwrap();
+        let e = Source::File(toml.clone(), args(&[])).load().unwrap_err().to_string();
+        assert!(e.contains("mounted at /sales/api: it would lose those paths"), "{e}");
         // Its name taken by a configured app: a clear error.
         std::fs::write(&toml, format!("publish_dir = \"{dir}\"\npublish_keys_file = \"{keys}\"\n[[app]]\nname = \"sales\"\nfile = \"api.R\"\n")).unwrap();
         let e = Source::File(toml, args(&[])).load().unwrap_err().to_string();
-        assert!(e.contains("the published app `sales`") && e.contains("configured app `sales`"), "{e}");
+        assert!(
+            e.contains("the published app `sales`")
+                && e.contains("belongs to the app `sales` in valve's configuration"),
+            "{e}"
+        );
         let e = args(&["-f", api.to_str().unwrap(), "--publish-dir", &dir]).single().unwrap_err().to_string();
         assert!(e.contains("--publish-dir needs --publish-keys-file"), "{e}");
+    }
+
+    #[test]
+    fn a_published_name_clashes_with_a_configured_app_it_would_shadow_or_be_shadowed_by() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("api.R"), "").unwrap();
+        let base = args(&["-f", d.path().join("api.R").to_str().unwrap()]).single().unwrap().apps[0].clone();
+        let app = |name: &str, prefix: &str, host: Option<&str>| AppConfig {
+            name: name.into(),
+            prefix: prefix.into(),
+            hostname: host.map(str::to_string),
+            ..base.clone()
+        };
+        let named = |name: &str, apps: &[AppConfig]| clash(name, apps).map(|a| a.name.clone());
+        let root = [app("api", "/", None)];
+        assert_eq!(named("users", &root), Some("api".into()), "every path is the root app's");
+        let apps = [app("docs", "/docs", None), app("deep", "/team/tools", None), app("other", "/", Some("a.example"))];
+        assert_eq!(named("docs", &apps), Some("docs".into()));
+        assert_eq!(named("team", &apps), Some("deep".into()), "/team/tools is under /team/");
+        assert_eq!(named("doc", &apps), None, "a prefix of the string, not of the path");
+        assert_eq!(named("docsx", &apps), None);
+        assert_eq!(named("tools", &apps), None);
+        assert_eq!(named("other", &apps), Some("other".into()), "names are unique on every host");
+        assert_eq!(named("x", &apps), None, "a hostname's app is matched first for its host: no shadowing");
     }
 
     #[test]

@@ -25,6 +25,11 @@ pub struct AppRecord {
     pub created: u64,
     /// The key that created it (its name).
     pub created_by: String,
+    /// The key that owns it (its name): it alone, and admin keys, may
+    /// upload, deploy, roll back, change access and read its tasks. None
+    /// (a record written before owners were recorded): admin keys only.
+    #[serde(default)]
+    pub owner: Option<String>,
     /// The version served; none before the first deployment.
     #[serde(default)]
     pub active: Option<u32>,
