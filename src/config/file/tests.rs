@@ -1,6 +1,9 @@
 //! The config file reader against small files: every problem with its place.
 
+use std::time::Duration;
+
 use super::*;
+use crate::config::model::normal_prefix;
 use crate::config::AppSource;
 use clap::Parser;
 
