@@ -88,11 +88,13 @@ pub fn key_in(path: &Path, what: &str) -> Result<[u8; 32], String> {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn unhex32(s: &str) -> Option<[u8; 32]> {
+/// 32 bytes from 64 hex digits.
+pub fn unhex32(s: &str) -> Option<[u8; 32]> {
     if s.len() != 64 || !s.is_ascii() {
         return None;
     }

@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use crate::config::secret_file::{hex, unhex32};
 use sha2::{Digest, Sha256};
 
 /// The shortest key valve accepts in the file: a guessable key is no key.
@@ -115,7 +116,7 @@ pub fn parse_keys(text: &str) -> Result<PublishKeys, String> {
             return Err(format!("{n}: the key name {name:?} is used twice: give each key its own name"));
         }
         let sha256 = match secret.strip_prefix("sha256:") {
-            Some(hex) => unhex(hex).ok_or_else(|| {
+            Some(hex) => unhex32(hex).ok_or_else(|| {
                 format!("{n}: sha256:{} is not a SHA-256 (64 hexadecimal digits)", shorten(hex))
             })?,
             None if secret.chars().count() < MIN_KEY_CHARS => {
@@ -164,21 +165,6 @@ pub fn new_key(name: &str) -> Result<(String, String), String> {
 
 fn shorten(s: &str) -> String {
     s.chars().take(40).collect()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<[u8; 32]> {
-    if s.len() != 64 || !s.is_ascii() {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
 }
 
 #[cfg(test)]
