@@ -47,11 +47,9 @@ pub fn app_run_dir(run_dir: &Path, app: &str, account: Option<&Account>) -> io::
     let path = apps.join(app);
     let fd = super::safe::valve_dir(&apps_fd, app, 0o711).map_err(|e| named(&path, e))?;
     let own = path.join("own");
-    let own_fd = super::safe::valve_dir(&fd, "own", 0o700).map_err(|e| named(&own, e))?;
-    if let Some((uid, gid)) = account.and_then(owner) {
-        rustix::fs::fchown(&own_fd, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
-            .map_err(|e| named(&own, e.into()))?;
-    }
+    // The app's user's: kept across reloads, since the generation still
+    // draining has its sockets in it.
+    super::safe::owned_dir(&fd, "own", 0o700, account.and_then(owner)).map_err(|e| named(&own, e))?;
     Ok(RunFolder { path, fd: Arc::new(fd), own })
 }
 

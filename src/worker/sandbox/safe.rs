@@ -7,7 +7,7 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, Uid};
 
 /// How deep `remove_tree` goes before it gives up (a folder left by an
 /// app, not valve's to walk forever).
@@ -27,6 +27,14 @@ pub fn open_dir(path: &Path) -> io::Result<OwnedFd> {
 /// an older valve, whose run folders were the app's) is set aside and
 /// removed without following a link, and a new one made.
 pub fn valve_dir(parent: &OwnedFd, name: &str, mode: u32) -> io::Result<OwnedFd> {
+    owned_dir(parent, name, mode, None)
+}
+
+/// Like `valve_dir`, but the folder is `owner`'s (uid, gid) once made: one
+/// already there that is valve's or already `owner`'s is kept with what is
+/// in it (a reload's new generation beside the old one's sockets); anything
+/// else is set aside. The owner and mode are given through the handle.
+pub fn owned_dir(parent: &OwnedFd, name: &str, mode: u32, owner: Option<(u32, u32)>) -> io::Result<OwnedFd> {
     let me = rustix::process::geteuid();
     for _ in 0..2 {
         match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(mode)) {
@@ -36,7 +44,10 @@ pub fn valve_dir(parent: &OwnedFd, name: &str, mode: u32) -> io::Result<OwnedFd>
         match rustix::fs::openat(parent, name, dir_flags(), Mode::empty()) {
             Ok(fd) => {
                 let st = rustix::fs::fstat(&fd)?;
-                if st.st_uid == me.as_raw() {
+                if st.st_uid == me.as_raw() || owner.is_some_and(|(uid, _)| st.st_uid == uid) {
+                    if let Some((uid, gid)) = owner {
+                        rustix::fs::fchown(&fd, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))?;
+                    }
                     rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
                     return Ok(fd);
                 }
@@ -115,6 +126,20 @@ mod tests {
         remove_tree(&fd, "tree").unwrap();
         assert!(!tree.exists());
         assert_eq!(std::fs::read_to_string(outside.path().join("kept")).unwrap(), "x");
+    }
+
+    #[test]
+    fn a_folder_already_given_to_its_owner_is_kept_with_what_is_in_it() {
+        let top = tempfile::tempdir().unwrap();
+        let fd = open_dir(top.path()).unwrap();
+        // As root (as the tests run) the folder goes to a user not valve's.
+        let me = rustix::process::geteuid().as_raw();
+        let app = if me == 0 { (54_321, 54_321) } else { (me, rustix::process::getegid().as_raw()) };
+        drop(owned_dir(&fd, "own", 0o700, Some(app)).unwrap());
+        std::fs::write(top.path().join("own/w1.sock"), "").unwrap();
+        let again = owned_dir(&fd, "own", 0o700, Some(app)).unwrap();
+        assert_eq!(rustix::fs::fstat(&again).unwrap().st_uid, app.0);
+        assert!(top.path().join("own/w1.sock").exists(), "a second call keeps the first one's sockets");
     }
 
     #[test]
