@@ -22,7 +22,7 @@ use super::keys::{edit_distance, ACCESS_KEYS, APP_KEYS, APP_ONLY, SERVER_KEYS};
 use super::model::{AppConfig, Config};
 use super::problems::{line_col, Problem, Problems};
 use super::publish::Candidate;
-use super::settle::{settle, Unfit};
+use super::settle::{settle, PublishedCheck, Unfit};
 use super::uid_store::Store;
 
 type Val = Spanned<toml::Value>;
@@ -184,8 +184,11 @@ impl<'a> Cx<'a> {
         let mut said = Default::default();
         if let Some(range) = self.uid_range() {
             let store = Store { dir: server.state_dir.clone(), record: !self.args.check };
-            let unchecked = self.candidate.filter(|c| c.unchecked).map(|c| c.app.as_str());
-            let settled = settle(&mut apps, &self.args.kernel, range, &store, unchecked);
+            let published = PublishedCheck {
+                dir: server.publish.as_ref().map(|p| p.dir.as_path()),
+                checked: self.candidate.filter(|c| c.checked).map(|c| c.app.as_str()),
+            };
+            let settled = settle(&mut apps, &self.args.kernel, range, &store, published);
             said = settled.said;
             for (i, why) in settled.unfit {
                 // The app's own run_as, else the top level's; a folder problem at the app's table

@@ -27,15 +27,31 @@ pub struct Settled {
     pub said: UidNotes,
 }
 
+/// Which published apps' folders `settle` checks. valve itself gives each
+/// published version to its app's group: every kept version when valve
+/// starts (after this load: the uid table may have given the app another
+/// uid since, when the state directory was lost), and a version being
+/// deployed before the deployment's checked load. So the folders under
+/// `dir` are left unchecked, but for `checked`, the deployment's app.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PublishedCheck<'a> {
+    pub dir: Option<&'a std::path::Path>,
+    pub checked: Option<&'a str>,
+}
+
+impl PublishedCheck<'_> {
+    fn skips(&self, app: &AppConfig) -> bool {
+        self.dir.is_some_and(|dir| app.folder().starts_with(dir)) && self.checked != Some(app.name.as_str())
+    }
+}
+
 /// Resolves each app's account in place, its own uid from the table in `store`.
-/// The folder of app `unchecked` (a published version a deployment is about
-/// to give to the app's group, which it learns from this) is not checked.
 pub fn settle(
     apps: &mut [AppConfig],
     kernel: &Kernel,
     range: (u32, u32),
     store: &Store,
-    unchecked: Option<&str>,
+    published: PublishedCheck<'_>,
 ) -> Settled {
     let mut settled = Settled::default();
     let mut own_uids = std::collections::BTreeMap::new();
@@ -75,7 +91,7 @@ pub fn settle(
                 continue;
             }
         }
-        if app.is_static() || unchecked == Some(app.name.as_str()) {
+        if app.is_static() || published.skips(app) {
             // valve serves static content itself: no R, no user of its own to read it.
             continue;
         }

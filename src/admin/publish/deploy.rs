@@ -76,7 +76,7 @@ async fn deploy(
     ));
     // The configuration this deployment would switch to, before anything changes.
     let group = publisher.modes == Modes::Group;
-    let (config, app) = load(publisher, name, version, group).await?;
+    let (config, app) = load(publisher, name, version, !group).await?;
     let (config, app) = if group {
         // Only the app's group reads the version (its R runs as a user of its own); then the full check.
         let gid = if app.account.isolated() { app.account.gid } else { 0 };
@@ -86,7 +86,7 @@ async fn deploy(
             .map_err(|e| e.to_string())
             .and_then(|r| r.map_err(|e| e.to_string()))
             .map_err(|e| format!("cannot give version {version} to the app's group {gid}: {e}; nothing changed"))?;
-        load(publisher, name, version, false).await?
+        load(publisher, name, version, true).await?
     } else {
         (config, app)
     };
@@ -150,14 +150,14 @@ async fn deploy(
 }
 
 /// The configuration this deployment would switch to, and the app in it
-/// (`unchecked`: its folder's readability by the app's user not checked yet).
+/// (`checked`: its folder's readability by the app's user checked).
 async fn load(
     publisher: &Publisher,
     name: &str,
     version: u32,
-    unchecked: bool,
+    checked: bool,
 ) -> Result<(crate::config::Config, AppConfig), String> {
-    let candidate = Candidate { app: name.to_string(), version, unchecked };
+    let candidate = Candidate { app: name.to_string(), version, checked };
     let source = publisher.reloader.source().clone();
     let loaded = tokio::task::spawn_blocking(move || source.load_with(Some(&candidate)))
         .await

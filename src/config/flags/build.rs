@@ -14,7 +14,7 @@ use crate::config::error::{
 use crate::config::model::{admin_addr, transport, AppConfig, Config, Server};
 use crate::config::otel::{self, Otlp};
 use crate::config::publish::{self, Candidate, Publishing};
-use crate::config::settle::{settle, Unfit};
+use crate::config::settle::{settle, PublishedCheck, Unfit};
 use crate::config::site;
 use crate::config::uid_store::Store;
 use crate::config::users::{parse_uid_range, Isolation, RunAs};
@@ -59,7 +59,7 @@ impl Args {
             return Err(ConfigError::MinAboveBudget { n_min, max });
         }
         // Whom every app runs as, the published ones among them (own uids are settled together).
-        self.settle(&mut config, candidate.filter(|c| c.unchecked).map(|c| c.app.as_str()))?;
+        self.settle(&mut config, candidate.filter(|c| c.checked).map(|c| c.app.as_str()))?;
         Ok(config)
     }
 
@@ -138,11 +138,14 @@ impl Args {
     }
 
     /// Whom each app runs as, and whether that user can read it.
-    fn settle(&self, config: &mut Config, unchecked: Option<&str>) -> Result<(), ConfigError> {
+    /// Published apps' folders are checked only for `checked`, the app a
+    /// deployment checks (see `PublishedCheck`).
+    fn settle(&self, config: &mut Config, checked: Option<&str>) -> Result<(), ConfigError> {
         let range =
             parse_uid_range(&self.uid_range).map_err(|why| ConfigError::Isolation(format!("--uid-range {why}")))?;
         let store = Store { dir: config.server.state_dir.clone(), record: !self.check };
-        let settled = settle(&mut config.apps, &self.kernel, range, &store, unchecked);
+        let published = PublishedCheck { dir: config.server.publish.as_ref().map(|p| p.dir.as_path()), checked };
+        let settled = settle(&mut config.apps, &self.kernel, range, &store, published);
         // Settled again with the published apps: what the first time said stays, once.
         for (said, to) in
             [(settled.said.notes, &mut config.uids.notes), (settled.said.warnings, &mut config.uids.warnings)]

@@ -27,10 +27,10 @@ use super::model::AppConfig;
 pub struct Candidate {
     pub app: String,
     pub version: u32,
-    /// Leave its folder's readability by the app's user unchecked: the
-    /// deployment learns the app's account from this load, gives the
-    /// version to its group, then loads again with the check.
-    pub unchecked: bool,
+    /// Check its folder's readability by the app's user: a deployment
+    /// first loads without (to learn the app's account), gives the version
+    /// to the app's group, then loads again with the check.
+    pub checked: bool,
 }
 
 /// A published app as a load reads it.
@@ -247,7 +247,7 @@ mod tests {
         let c = Source::Site(site.clone(), args(&flags)).load_with(Some(&Candidate {
             app: "sales".into(),
             version: 2,
-            unchecked: false,
+            checked: true,
         }));
         assert!(c.unwrap_err().to_string().contains("has no usable version 2"), "no such version yet");
         // A configured app at `/` would lose /sales/ to the published app: refused, naming both and the way out.
