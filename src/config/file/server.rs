@@ -109,6 +109,7 @@ impl Cx<'_> {
         let warm_parent = self.boolean("warm_parent", None, a.warm_parent);
         let preload_packages = self.packages();
         let otlp = self.otlp();
+        let packages = model::PackageSettings::defaults(&state_dir);
         Some(Server {
             host,
             port,
@@ -136,6 +137,7 @@ impl Cx<'_> {
             warm_parent: warm_parent?,
             preload_packages: preload_packages?,
             otlp: otlp?,
+            packages,
         })
     }
 

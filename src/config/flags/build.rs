@@ -264,6 +264,7 @@ impl Args {
             preload_packages: package_list(&self.preload_packages)
                 .map_err(|why| ConfigError::Access { flag: "--preload-packages", why })?,
             otlp: self.otlp()?,
+            packages: super::super::model::PackageSettings::defaults(&self.state_dir()),
         })
     }
 

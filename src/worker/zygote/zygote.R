@@ -125,6 +125,9 @@ local({
     x[nzchar(x)]
   }
   startup_libpaths <- function() {
+    # An app with a library of its own: that, valve's runtime and R's own.
+    own <- split_paths(Sys.getenv("VALVE_LIBRARY"))
+    if (length(own)) return(unique(normalizePath(c(own[dir.exists(own)], .Library), mustWork = FALSE)))
     user <- Sys.getenv("R_LIBS_USER")
     if (startsWith(user, zygote_home)) {
       user <- paste0(Sys.getenv("HOME"), substring(user, nchar(zygote_home) + 1L))
