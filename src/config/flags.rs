@@ -355,6 +355,11 @@ pub struct Args {
     #[arg(long = "publish-max-files", env = "VALVE_PUBLISH_MAX_FILES", default_value_t = 20000, value_name = "N")]
     pub publish_max_files: u64,
 
+    /// Apps' packages: the cache, the builds, the repositories (`--package-cache` and the rest).
+    /// Last, under a heading of their own (a flattened group's heading holds for what follows).
+    #[command(flatten)]
+    pub packages: PackageFlags,
+
     /// What to do instead of serving (none: serve).
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -473,7 +478,11 @@ impl Args {
 }
 
 mod build;
+mod packages;
 mod values;
+
+pub use packages::PackageFlags;
+pub(super) use packages::{cache_dir_problem, parse_repositories, repository_url, REPOSITORY_EXAMPLE};
 
 pub(super) use values::{package_list, parse_memory_limit, publishing, valves_own, MIN_MEMORY_LIMIT};
 

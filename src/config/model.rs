@@ -139,11 +139,12 @@ pub struct Server {
 pub struct PackageSettings {
     /// Built packages, fetched tarballs and app libraries, shared by all apps.
     pub cache_dir: PathBuf,
-    /// Repository name to URL: overrides the URL a manifest or lockfile gives.
+    /// Repository name to URL (http, https or file; no trailing `/`): overrides
+    /// the URL a manifest or lockfile gives.
     pub repositories: Vec<(String, String)>,
     /// Only the mapped repositories are used.
     pub repositories_only: bool,
-    /// Packages built at once.
+    /// Packages built at once (1 to 256).
     pub builds: usize,
     /// The longest one package's build may take.
     pub build_timeout: Duration,
@@ -159,7 +160,7 @@ impl PackageSettings {
             cache_dir: state_dir.join("packages"),
             repositories: Vec::new(),
             repositories_only: false,
-            builds: cores.saturating_sub(1).max(1),
+            builds: cores.saturating_sub(1).clamp(1, 256),
             build_timeout: Duration::from_secs(900),
             site_library: true,
         }

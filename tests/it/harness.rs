@@ -142,7 +142,6 @@ pub struct Valve {
 pub struct Failed {
     pub status: ExitStatus,
     pub stderr: String,
-    pub elapsed: Duration,
 }
 
 /// The valve binary under test: this build, or `VALVE_TEST_BIN` (to show a
@@ -324,7 +323,7 @@ impl Valve {
             if let Some(status) = child.try_wait().unwrap() {
                 let stderr = reader.join().unwrap();
                 eprintln!("[valve stderr] {stderr}");
-                return Failed { status, stderr, elapsed: start.elapsed() };
+                return Failed { status, stderr };
             }
             if start.elapsed() > deadline {
                 let _ = child.kill();
