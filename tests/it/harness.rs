@@ -150,6 +150,17 @@ pub fn valve_bin() -> PathBuf {
     std::env::var_os("VALVE_TEST_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_valve")))
 }
 
+/// Where scripts/install-deps keeps what it builds or fetches once for the
+/// tests (Jaeger, CRAN's tarballs): `$VALVE_TEST_CACHE`, else `~/.cache/valve-test`.
+pub fn test_cache() -> PathBuf {
+    std::env::var_os("VALVE_TEST_CACHE").map(PathBuf::from).unwrap_or_else(|| {
+        std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"))
+            .join("valve-test")
+    })
+}
+
 /// A temporary folder anyone may read and enter (mode 0755, not tempfile's
 /// 0700): an app's folder there is readable by the user of its own valve
 /// gives it (as root), as an app's folder on a server is.

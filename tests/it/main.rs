@@ -3,6 +3,7 @@
 mod admin;
 mod apps;
 mod asyncness;
+mod cran;
 mod cut;
 mod deps;
 mod docs;
