@@ -340,9 +340,10 @@ pub struct Args {
     #[arg(long = "publish-keep", env = "VALVE_PUBLISH_KEEP", default_value_t = 5, value_name = "N")]
     pub publish_keep: usize,
 
-    /// How the package versions a bundle's manifest names must match those the app's R loads:
-    /// `exact`, `at-least` (that version or a later one) or `any` (installed at all). valve
-    /// installs nothing: a deployment whose packages do not match fails and changes nothing.
+    /// How the package versions a bundle's manifest names must match those the app's R loads
+    /// (`exact`, `at-least`, `any`). No longer used: valve now restores the exact versions a
+    /// bundle names into the app's own library (see --package-cache); kept so that existing
+    /// configs still start.
     #[arg(long = "publish-versions", env = "VALVE_PUBLISH_VERSIONS", default_value = "exact",
           value_parser = ["exact", "at-least", "any"])]
     pub publish_versions: String,

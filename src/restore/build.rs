@@ -105,6 +105,31 @@ pub async fn ensure(
     Ok(entry(From::Built(started.elapsed().as_secs_f64())))
 }
 
+/// The packages the server's R holds (outside R's own library, which is on
+/// every path anyway) that `roots` need, recursively, skipping `named` (what
+/// the app names itself) and R's base packages: each with its folder.
+pub fn server_closure(facts: &RFacts, roots: Vec<String>, named: &[String]) -> Vec<(String, PathBuf)> {
+    let mut found: Vec<(String, PathBuf)> = Vec::new();
+    let mut todo = roots;
+    while let Some(name) = todo.pop() {
+        if found.iter().any(|(n, _)| *n == name)
+            || named.contains(&name)
+            || super::dcf::BASE.contains(&name.as_str())
+        {
+            continue;
+        }
+        let Some(dir) = facts.libraries.iter().map(|l| l.join(&name)).find(|d| d.join("DESCRIPTION").is_file()) else {
+            continue;
+        };
+        if dir.starts_with(&facts.own) {
+            continue;
+        }
+        todo.extend(super::dcf::needs_of(&dir));
+        found.push((name, dir));
+    }
+    found
+}
+
 /// Links `e` into the library folder `lib`.
 pub fn link(lib: &Path, e: &Entry) -> Result<(), String> {
     std::os::unix::fs::symlink(&e.path, lib.join(&e.name))
@@ -114,27 +139,8 @@ pub fn link(lib: &Path, e: &Entry) -> Result<(), String> {
 /// The runtime library for R `facts`: links to the server's copies of what
 /// valve's launcher loads and everything they need.
 pub fn runtime(cache: &Cache, facts: &RFacts, rkey: &str) -> Result<PathBuf, String> {
-    let mut found: Vec<(String, PathBuf)> = Vec::new();
-    let mut todo: Vec<String> = RUNTIME.iter().map(|s| s.to_string()).collect();
-    while let Some(name) = todo.pop() {
-        if found.iter().any(|(n, _)| *n == name) || super::dcf::BASE.contains(&name.as_str()) {
-            continue;
-        }
-        let Some(dir) = facts.libraries.iter().map(|l| l.join(&name)).find(|d| d.join("DESCRIPTION").is_file()) else {
-            continue;
-        };
-        if dir.starts_with(&facts.own) {
-            continue; // R's own library is on every path anyway
-        }
-        let text = std::fs::read_to_string(dir.join("DESCRIPTION")).unwrap_or_default();
-        let fields = super::dcf::parse(&text);
-        for field in ["Depends", "Imports"] {
-            let only: Vec<(String, String)> =
-                fields.iter().filter(|(k, _)| k == field).cloned().collect();
-            todo.extend(super::dcf::needs(&only));
-        }
-        found.push((name, dir));
-    }
+    let roots: Vec<String> = RUNTIME.iter().map(|s| s.to_string()).collect();
+    let mut found = server_closure(facts, roots, &[]);
     found.sort();
     let listing: String = found.iter().map(|(n, d)| format!("{n}={}\n", d.display())).collect();
     let path = cache.runtime().join(format!("{rkey}-{}", &super::sha256_hex(listing.as_bytes())[..12]));

@@ -34,13 +34,19 @@ pub fn needs(fields: &[(String, String)]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for name in ["Depends", "Imports", "LinkingTo"] {
         for item in field(fields, name).unwrap_or("").split(',') {
-            let package = item.split(['(', ' ', '\t']).next().unwrap_or("").trim();
+            let package = item.trim().split(['(', ' ', '\t', '\n']).next().unwrap_or("").trim();
             if !package.is_empty() && package != "R" && !out.iter().any(|p| p == package) {
                 out.push(package.to_string());
             }
         }
     }
     out
+}
+
+/// What the package installed in `dir` needs (nothing when its
+/// DESCRIPTION cannot be read).
+pub fn needs_of(dir: &std::path::Path) -> Vec<String> {
+    needs(&parse(&std::fs::read_to_string(dir.join("DESCRIPTION")).unwrap_or_default()))
 }
 
 /// R's base packages: part of R itself, never restored.

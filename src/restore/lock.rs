@@ -166,15 +166,16 @@ mod tests {
             "stats": {"Source": null, "description": {"Version": "4.2.2"}}}}"#;
         let got = manifest(text).unwrap();
         assert_eq!(got.len(), 3);
+        let by = |n: &str| got.iter().find(|w| w.name == n).unwrap_or_else(|| panic!("{n} is listed"));
         assert_eq!(got[0].name, "R6");
         assert_eq!(
             got[0].origin,
             Origin::Repository { name: "CRAN".into(), url: Some("https://cloud.r-project.org".into()) }
         );
         assert_eq!(got[0].needs.as_deref(), Some(&[][..]));
-        assert_eq!(got[1].origin, Origin::Git { host: "github".into(), repo: "me/mine".into() });
-        assert_eq!(got[1].needs.as_deref(), Some(&["R6".to_string(), "stats".to_string()][..]));
-        assert_eq!(got[2].origin, Origin::Other("unknown".into()));
+        assert_eq!(by("mine").origin, Origin::Git { host: "github".into(), repo: "me/mine".into() });
+        assert_eq!(by("mine").needs.as_deref(), Some(&["R6".to_string(), "stats".to_string()][..]));
+        assert_eq!(by("here").origin, Origin::Other("unknown".into()));
     }
 
     #[test]

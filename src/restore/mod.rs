@@ -47,7 +47,11 @@ pub struct Library {
 impl Library {
     /// The library paths the app's R gets, before R's own.
     pub fn paths(&self) -> Vec<PathBuf> {
-        vec![self.path.clone(), self.runtime.clone()]
+        let mut paths = vec![self.path.clone()];
+        if self.runtime != self.path {
+            paths.push(self.runtime.clone());
+        }
+        paths
     }
 }
 
@@ -84,11 +88,20 @@ pub async fn restore(
     say: Say<'_>,
 ) -> Result<Option<Library>, String> {
     let lock = lock::read(folder)?;
-    let Some(lock) = lock else { return Ok(None) };
+    if lock.is_none() && settings.site_library {
+        return Ok(None);
+    }
     let facts = facts(&spec.r_bin).await?;
     let cache = Cache::open(&settings.cache_dir)
         .map_err(|e| format!("cannot open the package cache {}: {e}", settings.cache_dir.display()))?;
     let rkey = format!("R-{}-{}", facts.version, facts.platform);
+    let Some(lock) = lock else {
+        // Names nothing, and the site library is off: R's own library and
+        // what valve's launcher needs, nothing else.
+        let runtime = build::runtime(&cache, &facts, &rkey)?;
+        say("Packages: the app names none and the site library is off (--site-library false): it sees R's own library only".into());
+        return Ok(Some(Library { path: runtime.clone(), runtime, summary: Summary::default() }));
+    };
     let repos = Repositories { mapped: settings.repositories.clone(), only_mapped: settings.repositories_only };
     let key = {
         let mut k = format!("{}\n{rkey}\n{}\n", lock.digest, repos.only_mapped);
@@ -146,6 +159,18 @@ pub async fn restore(
     }
     if !problems.is_empty() {
         return Err(failed(problems));
+    }
+    // What the named packages need that the app does not name (an
+    // incomplete lockfile, or a package used from R's library with its own
+    // dependencies there) comes from R's library as it stands, and is said.
+    let named: Vec<String> = lock.packages.iter().map(|w| w.name.clone()).collect();
+    let mut roots: Vec<String> = entries.iter().flat_map(|e| dcf::needs_of(&e.path)).collect();
+    roots.extend(builds.iter().flat_map(|(w, t)| w.needs.clone().unwrap_or_default().into_iter().chain(t.needs.clone())));
+    for (name, dir) in build::server_closure(&facts, roots, &named) {
+        let version = cache::installed_version(&dir).unwrap_or_default();
+        let e = Entry { name, version, from: From::System, path: dir };
+        say(format!("{} (needed, not named in {})", e.said(), lock.file));
+        entries.push(e);
     }
     let order: Vec<(String, Vec<String>)> = builds
         .iter()

@@ -17,6 +17,7 @@ mod isolation;
 mod layers;
 mod lifecycle;
 mod observe;
+mod packages;
 mod placement;
 mod preload;
 mod publish;

@@ -249,7 +249,8 @@ async fn rsconnect_publishes_redeploys_without_a_failed_request_refuses_and_roll
     .unwrap();
     let (ok, said) = deploy_app(&home, &admin, &key, &api, "api", Some(&lib));
     assert!(!ok, "{said}");
-    assert!(said.contains("deployment failed with error") && said.contains("valvenothere (not installed"), "{said}");
+    assert!(said.contains("deployment failed with error") && said.contains("valvenothere 0.0.1"), "{said}");
+    assert!(said.contains("nothing changed"), "{said}");
     assert_eq!(get(&valve.get("/api/version")).await, (200, "{\"version\":[2]}".into()), "the old version serves");
 
     // A bundle with a path that climbs out of its folder is refused, and nothing of it is left.
