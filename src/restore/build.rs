@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 use super::cache::{self, Cache, Entry, From};
 use super::lock::Wanted;
 use super::source::Tarball;
-use super::Say;
+use super::say::Say;
 use crate::config::PackageSettings;
 use crate::worker::packages::{self, BuildDir};
 use crate::worker::rtools::RFacts;
@@ -143,7 +143,7 @@ pub fn runtime(cache: &Cache, facts: &RFacts, rkey: &str) -> Result<PathBuf, Str
     let mut found = server_closure(facts, roots, &[]);
     found.sort();
     let listing: String = found.iter().map(|(n, d)| format!("{n}={}\n", d.display())).collect();
-    let path = cache.runtime().join(format!("{rkey}-{}", &super::sha256_hex(listing.as_bytes())[..12]));
+    let path = cache.runtime().join(format!("{rkey}-{}", &super::cache::sha256_hex(listing.as_bytes())[..12]));
     if path.is_dir() {
         return Ok(path);
     }

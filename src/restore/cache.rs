@@ -139,3 +139,9 @@ pub fn installed_version(dir: &Path) -> Option<String> {
     let text = std::fs::read_to_string(dir.join("DESCRIPTION")).ok()?;
     super::dcf::field(&super::dcf::parse(&text), "Version").map(str::to_string)
 }
+
+/// The SHA-256 of `bytes` in hex: the cache's keys.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    crate::mac::hex(&sha2::Sha256::digest(bytes))
+}

@@ -54,7 +54,7 @@ pub fn read(folder: &Path) -> Result<Option<Lock>, String> {
         if packages.is_empty() {
             continue;
         }
-        return Ok(Some(Lock { file, digest: super::sha256_hex(text.as_bytes()), packages }));
+        return Ok(Some(Lock { file, digest: super::cache::sha256_hex(text.as_bytes()), packages }));
     }
     Ok(None)
 }

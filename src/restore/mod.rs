@@ -18,21 +18,19 @@ mod copy;
 pub mod dcf;
 pub mod lock;
 pub mod plan;
+mod say;
 mod source;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use sha2::Digest;
-
 use crate::config::PackageSettings;
 use crate::worker::rtools::{self, RFacts};
 use crate::worker::Spec;
-use cache::{Cache, Entry, From, Summary};
+use cache::{sha256_hex, Cache, Entry, From, Summary};
+pub use say::Say;
 use plan::Repositories;
 
-/// What a restore says as it goes (the deployment's log, the app's log).
-pub type Say<'a> = &'a (dyn Fn(String) + Send + Sync);
 
 /// An app's own library, ready.
 #[derive(Clone, Debug)]
@@ -53,10 +51,6 @@ impl Library {
         }
         paths
     }
-}
-
-pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    crate::mac::hex(&sha2::Sha256::digest(bytes))
 }
 
 /// What R at `r_bin` is, asked once per run.

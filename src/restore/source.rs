@@ -21,7 +21,7 @@ pub struct Tarball {
 
 /// Where `w` from the repository at `url` is kept once fetched.
 fn kept(cache: &Cache, w: &Wanted, url: &str) -> PathBuf {
-    let repo = &super::sha256_hex(url.trim_end_matches('/').as_bytes())[..12];
+    let repo = &super::cache::sha256_hex(url.trim_end_matches('/').as_bytes())[..12];
     cache.src().join(format!("{}_{}-{repo}.tar.gz", w.name, w.version))
 }
 
@@ -81,7 +81,7 @@ pub async fn fetch_all(
 /// The hash and DESCRIPTION of the tarball at `path` of package `name`.
 pub fn read(path: &Path, name: &str) -> Result<Tarball, String> {
     let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-    let sha = super::sha256_hex(&bytes);
+    let sha = super::cache::sha256_hex(&bytes);
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(&bytes[..]));
     let wanted = format!("{name}/DESCRIPTION");
     let mut text = None;

@@ -10,7 +10,7 @@ use std::path::Path;
 use crate::cran::{self, WITH_C};
 use crate::lifecycle::processes_with_env;
 use crate::harness::{app_dir, as_root, client, need_r_packages, valve_bin, wait_until, Valve};
-use crate::publish::{follow, get, new_key, tarball};
+use crate::publish::{deploy_app, follow, get, new_key, tarball};
 
 /// An API that says which bitops it loaded, that it works (compiled code),
 /// whether it can see shiny (which it does not name) and its library paths.
@@ -203,6 +203,19 @@ async fn a_published_bundle_gets_its_versions_a_redeploy_takes_them_from_the_cac
     assert!(error.contains("nothing changed"), "{error}");
     assert_eq!(versions(&valve, "calc").await["bitops"][0].as_str(), Some(archived.as_str()));
 
+    // A package from a Git host (valve fetches none): named, with what to do.
+    let manifest = serde_json::json!({
+        "version": 1,
+        "metadata": {"appmode": "api", "entrypoint": "plumber.R"},
+        "packages": {"mine": {"Source": "github", "Repository": null,
+            "description": {"Package": "mine", "Version": "0.1", "RemoteUsername": "me", "RemoteRepo": "mine"}}},
+    });
+    let git = tarball(&[("manifest.json", manifest.to_string().as_bytes()), ("plumber.R", API.as_bytes())]);
+    let (done, output) = deploy(git).await;
+    let error = format!("{} {}", done["error"], output.join("\n"));
+    assert!(error.contains("mine 0.1 comes from github (me/mine)"), "{error}");
+    assert!(error.contains("nothing changed"), "{error}");
+
     // A package the repository does not have: named, with where it looked.
     let (done, output) = deploy(bundle(served.url(), &[("bitops", "0.0-1"), ("plumber", "1.2.1")])).await;
     assert_ne!(done["code"], 0, "{done}\n{output:?}");
@@ -297,4 +310,59 @@ async fn a_restore_killed_midway_and_run_again_gives_a_working_library() {
     let valve = Valve::start(&args);
     let v = versions(&valve, "calc").await;
     assert_eq!((v["bitops"][0].as_str(), v["and"][0].as_i64()), (Some(current.as_str()), Some(8)), "{v}");
+}
+
+/// Debian's rsconnect 0.8.29 publishes an API whose manifest names a bitops
+/// the server's R does not have (the archived one, installed on the
+/// client from the repository): the app answers with that version.
+#[tokio::test(flavor = "multi_thread")]
+async fn rsconnect_publishes_an_api_with_a_package_version_the_server_lacks_and_it_answers_with_it() {
+    need_r_packages(&["rsconnect", "plumber"]);
+    let repo = cran::repo();
+    let served = repo.serve();
+    let archived = repo.archived_versions(WITH_C)[0].to_string();
+    let work = app_dir();
+    let w = work.path();
+    // The author's machine: bitops installed from the repository, which
+    // R's options name (rsconnect records both in the manifest).
+    let (home, lib) = (w.join("home"), w.join("lib"));
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::create_dir_all(&home).unwrap();
+    let tarball = repo.path().join(repo.relative(WITH_C, &archived));
+    let built = std::process::Command::new("R")
+        .args(["CMD", "INSTALL", "-l", lib.to_str().unwrap(), tarball.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    std::fs::write(home.join(".Rprofile"), format!("options(repos = c(CRAN = \"{}\"))\n", served.url())).unwrap();
+    let api = w.join("api");
+    std::fs::create_dir_all(&api).unwrap();
+    std::fs::write(api.join("plumber.R"), API).unwrap();
+
+    let (key, line) = new_key("ci");
+    std::fs::write(w.join("keys"), format!("{line}\n")).unwrap();
+    std::fs::create_dir_all(w.join("site/front")).unwrap();
+    std::fs::write(w.join("site/front/index.html"), "<h1>front</h1>").unwrap();
+    let valve = Valve::start(&[
+        "--site",
+        w.join("site").to_str().unwrap(),
+        "--publish-dir",
+        w.join("published").to_str().unwrap(),
+        "--publish-keys-file",
+        w.join("keys").to_str().unwrap(),
+        "--package-cache",
+        w.join("cache").to_str().unwrap(),
+    ]);
+    let admin = valve.admin_url();
+    let (ok, said) = tokio::task::spawn_blocking({
+        let (home, admin, key, api, lib) = (home.clone(), admin.clone(), key.clone(), api.clone(), lib.clone());
+        move || deploy_app(&home, &admin, &key, &api, "calc", Some(&lib))
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{said}");
+    assert!(said.contains(&format!("bitops {archived}: built from source")), "{said}");
+    assert!(said.contains("plumber 1.2.1: from R's library"), "{said}");
+    let v = versions(&valve, "calc").await;
+    assert_eq!((v["bitops"][0].as_str(), v["and"][0].as_i64()), (Some(archived.as_str()), Some(8)), "{v}");
 }

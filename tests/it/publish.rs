@@ -34,7 +34,7 @@ fn folder(parent: &Path, name: &str, file: &str, text: &str) -> PathBuf {
 /// `rsconnect::deployApp()` of `app_dir` as `name`, from an R with a
 /// private home and config folder (and `r_libs` on its library path):
 /// (whether it succeeded, what it printed).
-fn deploy_app(
+pub(crate) fn deploy_app(
     home: &Path,
     admin: &str,
     key: &str,
