@@ -34,6 +34,7 @@ pub mod log;
 pub mod mac;
 pub mod metrics;
 pub mod reload;
+pub mod restore;
 pub mod shutdown;
 pub mod trace;
 pub mod usage;

@@ -69,6 +69,10 @@ pub enum ConfigError {
     /// Where traces go: the message names the setting and its value.
     #[error("{0}")]
     Otlp(String),
+    /// Apps' packages (the cache, the builds, the repositories): the message
+    /// names the setting, its value and what to write.
+    #[error("{0}")]
+    Packages(String),
 }
 
 /// `--shiny-reconnect-window`: the longest (a day).

@@ -9,7 +9,8 @@
 //!
 //! Here the file is read and resolved as a whole; beside it `server` (the top
 //! level's server settings), `app` (one `[[app]]` table), `values` (a key's
-//! value of one type), `access` and `publish`.
+//! value of one type), `access`, `publish` and `packages` (apps' packages:
+//! the cache, the builds, `[repositories]`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -248,6 +249,7 @@ fn app_tables_key(text: &str, table: &std::ops::Range<usize>, key: &str) -> Opti
 
 mod access;
 mod app;
+mod packages;
 mod publish;
 mod server;
 mod values;

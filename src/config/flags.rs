@@ -340,9 +340,10 @@ pub struct Args {
     #[arg(long = "publish-keep", env = "VALVE_PUBLISH_KEEP", default_value_t = 5, value_name = "N")]
     pub publish_keep: usize,
 
-    /// How the package versions a bundle's manifest names must match those the app's R loads:
-    /// `exact`, `at-least` (that version or a later one) or `any` (installed at all). valve
-    /// installs nothing: a deployment whose packages do not match fails and changes nothing.
+    /// How the package versions a bundle's manifest names must match those the app's R loads
+    /// (`exact`, `at-least`, `any`). No longer used: valve now restores the exact versions a
+    /// bundle names into the app's own library (see --package-cache); kept so that existing
+    /// configs still start.
     #[arg(long = "publish-versions", env = "VALVE_PUBLISH_VERSIONS", default_value = "exact",
           value_parser = ["exact", "at-least", "any"])]
     pub publish_versions: String,
@@ -354,6 +355,11 @@ pub struct Args {
     /// The most files and folders one bundle may hold.
     #[arg(long = "publish-max-files", env = "VALVE_PUBLISH_MAX_FILES", default_value_t = 20000, value_name = "N")]
     pub publish_max_files: u64,
+
+    /// Apps' packages: the cache, the builds, the repositories (`--package-cache` and the rest).
+    /// Last, under a heading of their own (a flattened group's heading holds for what follows).
+    #[command(flatten)]
+    pub packages: PackageFlags,
 
     /// What to do instead of serving (none: serve).
     #[command(subcommand)]
@@ -473,7 +479,11 @@ impl Args {
 }
 
 mod build;
+mod packages;
 mod values;
+
+pub use packages::PackageFlags;
+pub(super) use packages::{cache_dir_problem, parse_repositories, repository_url, REPOSITORY_EXAMPLE};
 
 pub(super) use values::{package_list, parse_memory_limit, publishing, valves_own, MIN_MEMORY_LIMIT};
 

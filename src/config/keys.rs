@@ -71,6 +71,12 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "usage_log",
     "usage_anonymize",
     "otlp_endpoint",
+    "package_cache",
+    "package_builds",
+    "package_build_timeout",
+    "repositories",
+    "repositories_only",
+    "site_library",
 ];
 
 /// The flag a key stands for, for messages about flag values.
@@ -93,6 +99,7 @@ pub(super) fn flag_name(key: &str) -> &'static str {
         "publish_max_size" => "--publish-max-size",
         "memory_limit" => "--memory-limit",
         "log_buffer" => "--log-buffer",
+        "package_build_timeout" => "--package-build-timeout",
         _ => "a setting",
     }
 }

@@ -49,8 +49,10 @@ mod users;
 pub use access::{Allow, AuthService, Cidr, Trust};
 pub use discover::{index_html, AppSource};
 pub use error::{parse_seconds, parse_size, ConfigError};
-pub use flags::{Args, Command};
-pub use model::{is_admin_path, normal_prefix, valid_name, AppConfig, Config, Server, Transport, ADMIN_PREFIX};
+pub use flags::{Args, Command, PackageFlags};
+pub use model::{
+    is_admin_path, normal_prefix, valid_name, AppConfig, Config, PackageSettings, Server, Transport, ADMIN_PREFIX,
+};
 pub use otel::Otlp;
 pub use problems::{Problem, Problems};
 pub use rmd::{is_output_of_a_document, Runtime};

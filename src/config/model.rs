@@ -129,6 +129,42 @@ pub struct Server {
     pub preload_packages: Vec<String>,
     /// Where spans go (`None`: valve records none).
     pub otlp: Option<Otlp>,
+    /// Restores of the packages apps name (`manifest.json`, `renv.lock`).
+    pub packages: PackageSettings,
+}
+
+/// How apps' packages are restored: the shared cache, the repositories,
+/// the builds (`[packages]` and `[repositories]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackageSettings {
+    /// Built packages, fetched tarballs and app libraries, shared by all apps.
+    pub cache_dir: PathBuf,
+    /// Repository name to URL (http, https or file; no trailing `/`): overrides
+    /// the URL a manifest or lockfile gives.
+    pub repositories: Vec<(String, String)>,
+    /// Only the mapped repositories are used.
+    pub repositories_only: bool,
+    /// Packages built at once (1 to 256).
+    pub builds: usize,
+    /// The longest one package's build may take.
+    pub build_timeout: Duration,
+    /// Apps that name no packages use the server's site library (else R's own alone).
+    pub site_library: bool,
+}
+
+impl PackageSettings {
+    /// The defaults, the cache in `state_dir`.
+    pub fn defaults(state_dir: &std::path::Path) -> PackageSettings {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        PackageSettings {
+            cache_dir: state_dir.join("packages"),
+            repositories: Vec::new(),
+            repositories_only: false,
+            builds: cores.saturating_sub(1).clamp(1, 256),
+            build_timeout: Duration::from_secs(900),
+            site_library: true,
+        }
+    }
 }
 
 /// How valve reaches a plumber worker.

@@ -186,6 +186,9 @@ fn config_error_examples() -> Vec<ConfigError> {
         ConfigError::Isolation("whom an app runs as or what its user cannot read, one line per app".into()),
         ConfigError::UsageLog { path: v(), why: v() },
         ConfigError::Otlp("the trace setting, its value and what is wrong".into()),
+        ConfigError::Packages(
+            "the package setting (`--package-cache`, `--repositories`), its value and what to write".into(),
+        ),
     ]
 }
 
@@ -221,6 +224,7 @@ fn variant(e: &ConfigError) -> &'static str {
         ConfigError::Isolation(_) => "whom apps run as",
         ConfigError::UsageLog { .. } => "a `--usage-log` valve cannot use",
         ConfigError::Otlp(_) => "where traces go",
+        ConfigError::Packages(_) => "apps' packages: the cache or the repositories",
     }
 }
 

@@ -31,11 +31,13 @@ use crate::app::{Fleet, Settings, Supervisor};
 use crate::config::{AppConfig, AppSource, Config, Trust};
 use crate::http::router::{Mounted, Router, Table};
 use crate::metrics::Registry;
+use crate::restore::Library;
 use crate::worker::sandbox::{Sandbox, Site};
 use crate::worker::zygote::Zygotes;
 use crate::worker::{FrameHub, NoWorkers, RLauncher, Spec, SpoolDir, StartError};
 
 mod fingerprint;
+mod packages;
 mod reloader;
 pub use fingerprint::fingerprint;
 pub use reloader::Reloader;
@@ -57,6 +59,8 @@ pub enum RunError {
     Sandbox { app: String, error: std::io::Error },
     #[error("{0}")]
     Usage(crate::usage::OpenError),
+    #[error("{0}")]
+    Packages(String),
 }
 
 /// How long the previous generation of a changed app keeps the Shiny
@@ -190,7 +194,13 @@ impl Apps {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn generation(&self, app: &AppConfig, check_unused: Duration, site: &Site) -> Result<Arc<Supervisor>, RunError> {
+    fn generation(
+        &self,
+        app: &AppConfig,
+        check_unused: Duration,
+        site: &Site,
+        library: Option<&Library>,
+    ) -> Result<Arc<Supervisor>, RunError> {
         let mut settings = Settings::from_config(app, check_unused);
         // The app's log: what its R prints (through its output hook) and valve's lines about it.
         let log = self.registry.logs.app(&app.name, app.log_buffer);
@@ -204,6 +214,7 @@ impl Apps {
             ));
         }
         let (mut spec, spool) = self.spec(app, site)?;
+        spec.library = library.map(Library::paths);
         spec.on_output(log);
         let metrics = self.registry.app(&app.name);
         metrics.set_memory_limit(app.memory_limit);
@@ -256,12 +267,18 @@ impl Apps {
     /// workers) and its `n_min` workers started; the first failure is returned.
     pub async fn start(self: &Arc<Self>, config: &Config) -> Result<(), RunError> {
         let mut sups = Vec::new();
+        let site = Site::of(config);
+        let libraries = self.restore_all(config, &site, None).await;
         {
             let mut state = self.lock();
-            let site = Site::of(config);
             state.site = Some(site.clone());
             for app in &config.apps {
-                let sup = self.generation(app, config.server.check_unused, &site)?;
+                let library = match libraries.get(&app.name) {
+                    Some(Err(_)) => continue, // said in its log; the others start
+                    Some(Ok(l)) => l.as_ref(),
+                    None => None,
+                };
+                let sup = self.generation(app, config.server.check_unused, &site, library)?;
                 let print = fingerprint(&app.source);
                 state.serving.insert(
                     app.name.clone(),
@@ -316,6 +333,7 @@ impl Apps {
             tokio::task::spawn_blocking(move || sources.iter().map(fingerprint).collect()).await.unwrap_or_default()
         };
         self.fleet.set_max_workers(config.server.max_workers);
+        let libraries = self.restore_all(&config, &Site::of(&config), None).await;
         let mut plan = Plan::default();
         let mut stop = Vec::new();
         let mut retire = Vec::new();
@@ -361,7 +379,15 @@ impl Apps {
                 if let Some(s) = state.starting.remove(&app.name) {
                     stop.push(s.sup);
                 }
-                let sup = match self.generation(app, config.server.check_unused, &site) {
+                let library = match libraries.get(&app.name) {
+                    Some(Err(e)) => Err(e.clone()),
+                    Some(Ok(l)) => Ok(l.as_ref()),
+                    None => Ok(None),
+                };
+                let made = library.map_err(RunError::Packages).and_then(|library| {
+                    self.generation(app, config.server.check_unused, &site, library)
+                });
+                let sup = match made {
                     Ok(sup) => sup,
                     Err(e) => {
                         tracing::error!(app = %app.name, error = %e, "cannot start a new generation of the app");

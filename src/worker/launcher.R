@@ -17,6 +17,9 @@
 #   reach) this R finds on its library paths (with the app's environment, working directory and .Rprofile, so an renv
 #   library is seen as the app sees it), one line `valve-package NAME VERSION`
 #   each (`-` for none), then exit: a published bundle's check.
+# VALVE_MODE=install: build one package as the app (a restore of its
+#   manifest's or renv.lock's packages): R CMD INSTALL of VALVE_INSTALL_TARBALL
+#   into VALVE_INSTALL_OUT, with VALVE_LIBRARY as its only library besides R's.
 # VALVE_MODE=preload: load the API (or the Shiny app) once, then fork a worker
 #   for each line `fork ID SOCKET FIFO TOKEN` valve writes on stdin (TOKEN: the
 #   fork's own frames token, `-` for none); exit when stdin closes.
@@ -38,8 +41,24 @@ local({
   public_host <- Sys.getenv("VALVE_PUBLIC_HOST", "127.0.0.1")
   public_port <- as.integer(Sys.getenv("VALVE_PUBLIC_PORT", "3000"))
 
+  # An app with its own library (restored packages, then what valve needs):
+  # those paths and R's own, never the server's site library.
+  own_library <- Sys.getenv("VALVE_LIBRARY")
+  if (nzchar(own_library)) {
+    .libPaths(strsplit(own_library, ":", fixed = TRUE)[[1]], include.site = FALSE)
+  }
   fail <- function(status, ...) {
     cat("valve: ", ..., "\n", file = stderr(), sep = "")
+    quit(save = "no", status = status)
+  }
+  if (identical(mode, "install")) {
+    # One package's build, as the app: R CMD INSTALL of the tarball in
+    # VALVE_INSTALL_TARBALL into VALVE_INSTALL_OUT, finding what it needs in
+    # VALVE_LIBRARY (and R's own library) alone.
+    status <- system2(file.path(R.home("bin"), "R"),
+                      c("CMD", "INSTALL", "--no-docs", "--no-multiarch",
+                        "-l", shQuote(Sys.getenv("VALVE_INSTALL_OUT")),
+                        shQuote(Sys.getenv("VALVE_INSTALL_TARBALL"))))
     quit(save = "no", status = status)
   }
   if (identical(mode, "packages")) {

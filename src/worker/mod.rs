@@ -30,6 +30,7 @@ mod launcher;
 mod lifeline;
 mod output;
 pub mod packages;
+pub mod rtools;
 mod process;
 pub mod reap;
 mod render;

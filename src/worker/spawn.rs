@@ -84,6 +84,9 @@ pub struct Spec {
     /// A prerendered document's HTML, when its folder is not its user's to
     /// write: this generation's own folder (`VALVE_RENDER_DIR`).
     pub(super) render_dir: Option<PathBuf>,
+    /// The app's own library paths (its restored packages first, then what
+    /// valve's launcher needs), before R's own: `None`, R's defaults.
+    pub library: Option<Vec<PathBuf>>,
 }
 
 /// valve's private run directory (mode 0711: passable, not listable):
@@ -219,6 +222,7 @@ impl Spec {
             frames: None,
             sandbox: None,
             render_dir: None,
+            library: None,
         }
     }
 
@@ -256,6 +260,15 @@ impl Spec {
             return Ok(());
         };
         self.run_folder()?.remove_tree(name)
+    }
+
+    /// The app's private temporary folder: its path, and its path as the
+    /// app's R sees it (`/tmp` in a private view).
+    pub(super) fn private_tmp(&self) -> Option<(PathBuf, PathBuf)> {
+        let (s, _) = self.sandbox.as_ref()?;
+        let tmp = s.tmp.clone()?;
+        let inside = s.env().into_iter().find(|(k, _)| k == "TMPDIR").map(|(_, v)| PathBuf::from(v))?;
+        Some((tmp, inside))
     }
 
     /// Who owns what valve makes for the app's workers (a FIFO), when they switch users.
@@ -326,6 +339,14 @@ impl Spec {
         }
         if let Some(dir) = &self.render_dir {
             set("VALVE_RENDER_DIR", dir.into());
+        }
+        if let Some(paths) = &self.library {
+            // The launcher sets them without the site library; R's own
+            // variables carry them to any R the app starts (R CMD, callr).
+            let joined = std::env::join_paths(paths).unwrap_or_default();
+            for name in ["VALVE_LIBRARY", "R_LIBS", "R_LIBS_USER", "R_LIBS_SITE"] {
+                set(name, joined.clone());
+            }
         }
         if let AppSource::ServerYml { settings, engine, .. } = &self.app {
             set("VALVE_ENGINE", engine.into());

@@ -142,13 +142,23 @@ pub struct Valve {
 pub struct Failed {
     pub status: ExitStatus,
     pub stderr: String,
-    pub elapsed: Duration,
 }
 
 /// The valve binary under test: this build, or `VALVE_TEST_BIN` (to show a
 /// test fails on another build).
 pub fn valve_bin() -> PathBuf {
     std::env::var_os("VALVE_TEST_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_valve")))
+}
+
+/// Where scripts/install-deps keeps what it builds or fetches once for the
+/// tests (Jaeger, CRAN's tarballs): `$VALVE_TEST_CACHE`, else `~/.cache/valve-test`.
+pub fn test_cache() -> PathBuf {
+    std::env::var_os("VALVE_TEST_CACHE").map(PathBuf::from).unwrap_or_else(|| {
+        std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"))
+            .join("valve-test")
+    })
 }
 
 /// A temporary folder anyone may read and enter (mode 0755, not tempfile's
@@ -324,7 +334,7 @@ impl Valve {
             if let Some(status) = child.try_wait().unwrap() {
                 let stderr = reader.join().unwrap();
                 eprintln!("[valve stderr] {stderr}");
-                return Failed { status, stderr, elapsed: start.elapsed() };
+                return Failed { status, stderr };
             }
             if start.elapsed() > deadline {
                 let _ = child.kill();

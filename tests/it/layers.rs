@@ -25,7 +25,7 @@ const LAYERS: &[&[&str]] = &[
     &["config"],
     &["log", "shutdown", "healthcheck", "mac", "client"],
     &["worker"],
-    &["applog", "usage"],
+    &["applog", "usage", "restore"],
     &["metrics"],
     &["app", "trace"],
     &["http"],

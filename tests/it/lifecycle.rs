@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use crate::harness::{client, example, fixture, pid_alive, wait_until, Valve};
 
-fn processes_with_env(needle: &str) -> Vec<u32> {
+/// The live processes whose environment holds `needle` (`NAME=value`).
+pub(crate) fn processes_with_env(needle: &str) -> Vec<u32> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };

@@ -3,6 +3,7 @@
 mod admin;
 mod apps;
 mod asyncness;
+mod cran;
 mod cut;
 mod deps;
 mod docs;
@@ -16,6 +17,7 @@ mod isolation;
 mod layers;
 mod lifecycle;
 mod observe;
+mod packages;
 mod placement;
 mod preload;
 mod publish;

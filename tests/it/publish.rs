@@ -34,7 +34,7 @@ fn folder(parent: &Path, name: &str, file: &str, text: &str) -> PathBuf {
 /// `rsconnect::deployApp()` of `app_dir` as `name`, from an R with a
 /// private home and config folder (and `r_libs` on its library path):
 /// (whether it succeeded, what it printed).
-fn deploy_app(
+pub(crate) fn deploy_app(
     home: &Path,
     admin: &str,
     key: &str,
@@ -249,7 +249,8 @@ async fn rsconnect_publishes_redeploys_without_a_failed_request_refuses_and_roll
     .unwrap();
     let (ok, said) = deploy_app(&home, &admin, &key, &api, "api", Some(&lib));
     assert!(!ok, "{said}");
-    assert!(said.contains("deployment failed with error") && said.contains("valvenothere (not installed"), "{said}");
+    assert!(said.contains("deployment failed with error") && said.contains("valvenothere 0.0.1"), "{said}");
+    assert!(said.contains("nothing changed"), "{said}");
     assert_eq!(get(&valve.get("/api/version")).await, (200, "{\"version\":[2]}".into()), "the old version serves");
 
     // A bundle with a path that climbs out of its folder is refused, and nothing of it is left.

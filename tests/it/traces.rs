@@ -21,7 +21,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 
-use crate::harness::{client, closed_port, fixture, free_port, need_r_packages, Valve, START_DEADLINE};
+use crate::harness::{client, closed_port, fixture, free_port, need_r_packages, test_cache, Valve, START_DEADLINE};
 
 /// How long a span may take to show in Jaeger: valve batches for a second,
 /// Jaeger stores at once; seconds on a loaded machine.
@@ -42,13 +42,7 @@ fn jaeger_bin() -> PathBuf {
         .find_map(|l| l.trim().strip_prefix("github.com/jaegertracing/jaeger "))
         .and_then(|rest| rest.split_whitespace().next())
         .expect("tests/jaeger/go.mod requires github.com/jaegertracing/jaeger");
-    let cache = std::env::var_os("VALVE_TEST_CACHE").map(PathBuf::from).unwrap_or_else(|| {
-        std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"))
-            .join("valve-test")
-    });
-    cache.join(format!("jaeger-{version}"))
+    test_cache().join(format!("jaeger-{version}"))
 }
 
 /// Jaeger v2 with an in-memory store: OTLP/HTTP in, the query API out.

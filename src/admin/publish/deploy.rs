@@ -90,7 +90,16 @@ async fn deploy(
     } else {
         (config, app)
     };
-    check_packages(publisher, task, &app, &Site::of(&config), &v.packages).await?;
+    if app.is_static() {
+        task.say("Static content: no R, no packages to restore");
+    } else {
+        let say = |line: String| task.say(line);
+        match publisher.reloader.apps.restore_one(&app, &config, &Site::of(&config), &say).await {
+            Ok(Some(_)) => {}
+            Ok(None) => check_packages(publisher, task, &app, &Site::of(&config), &v.packages).await?,
+            Err(e) => return Err(format!("{e}; nothing changed")),
+        }
+    }
     let serving = publisher.reloader.apps.configs().into_iter().find(|a| a.name == name);
     if record.active == Some(version) && serving.as_ref().is_some_and(|s| s.source == app.source) {
         return Ok(format!("Version {version} of {name} already serves at {}", publisher.app_url(name)));

@@ -1,6 +1,6 @@
 //! A config file's server settings: the top level's keys (a flag given
 //! explicitly wins), `uid_range`, `preload_packages`, `otlp_endpoint`,
-//! `usage_log` and the Shiny buffers.
+//! `usage_log` and the Shiny buffers (apps' packages are in `packages`).
 
 use std::path::{Path, PathBuf};
 
@@ -109,6 +109,7 @@ impl Cx<'_> {
         let warm_parent = self.boolean("warm_parent", None, a.warm_parent);
         let preload_packages = self.packages();
         let otlp = self.otlp();
+        let packages = self.package_settings(base, &state_dir);
         Some(Server {
             host,
             port,
@@ -136,6 +137,7 @@ impl Cx<'_> {
             warm_parent: warm_parent?,
             preload_packages: preload_packages?,
             otlp: otlp?,
+            packages: packages?,
         })
     }
 

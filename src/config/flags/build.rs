@@ -232,6 +232,8 @@ impl Args {
             let path = self.usage_log.as_deref().unwrap_or(Path::new("")).display().to_string();
             return Err(ConfigError::UsageLog { path, why });
         }
+        let state_dir = self.state_dir();
+        let packages = self.packages.settings(&state_dir)?;
         Ok(Server {
             host: self.host.clone(),
             port: self.port,
@@ -251,9 +253,8 @@ impl Args {
             trust: self.trust()?,
             publish: self.publishing()?,
             state_dir: {
-                let dir = self.state_dir();
-                private_paths.push(dir.clone());
-                dir
+                private_paths.push(state_dir.clone());
+                state_dir
             },
             isolation: Isolation::from_kernel(&self.kernel),
             valve_uid: self.kernel.uid,
@@ -264,6 +265,7 @@ impl Args {
             preload_packages: package_list(&self.preload_packages)
                 .map_err(|why| ConfigError::Access { flag: "--preload-packages", why })?,
             otlp: self.otlp()?,
+            packages,
         })
     }
 

@@ -11,7 +11,7 @@ mod as_user;
 mod dirs;
 mod enter;
 mod probe;
-mod safe;
+pub(crate) mod safe;
 pub mod view;
 
 use std::io;
@@ -41,6 +41,8 @@ pub struct Site {
     pub private: Vec<PathBuf>,
     /// Every app's name and folder.
     pub folders: Vec<(String, PathBuf)>,
+    /// The package cache (every app's library links into it): seen by all apps.
+    pub packages: PathBuf,
 }
 
 impl Site {
@@ -56,6 +58,7 @@ impl Site {
             state_dir: absolute(&config.server.state_dir),
             private,
             folders: config.apps.iter().map(|a| (a.name.clone(), absolute(&a.folder()))).collect(),
+            packages: absolute(&config.server.packages.cache_dir),
         }
     }
 }
@@ -128,6 +131,9 @@ impl Sandbox {
                 show.push(workdir.clone());
             }
             show.extend(r_paths(app));
+            if site.packages.is_dir() {
+                show.push(site.packages.clone());
+            }
             View {
                 hide,
                 show,

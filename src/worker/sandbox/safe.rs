@@ -22,6 +22,11 @@ pub fn open_dir(path: &Path) -> io::Result<OwnedFd> {
     Ok(rustix::fs::open(path, dir_flags(), Mode::empty())?)
 }
 
+/// A handle on the folder `name` in `parent` (itself not a link).
+pub fn open_at(parent: &OwnedFd, name: &str) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(parent, name, dir_flags(), Mode::empty())?)
+}
+
 /// The folder `name` in `parent`, valve's own with `mode`: made if missing;
 /// anything else there (a link, a file, a folder of another user's: left by
 /// an older valve, whose run folders were the app's) is set aside and

@@ -125,6 +125,9 @@ local({
     x[nzchar(x)]
   }
   startup_libpaths <- function() {
+    # An app with a library of its own: that, valve's runtime and R's own.
+    own <- split_paths(Sys.getenv("VALVE_LIBRARY"))
+    if (length(own)) return(unique(normalizePath(c(own[dir.exists(own)], .Library), mustWork = FALSE)))
     user <- Sys.getenv("R_LIBS_USER")
     if (startsWith(user, zygote_home)) {
       user <- paste0(Sys.getenv("HOME"), substring(user, nchar(zygote_home) + 1L))
@@ -144,7 +147,13 @@ local({
       loaded_at <- normalizePath(getNamespaceInfo(ns, "path"), mustWork = FALSE)
       if (identical(dirname(loaded_at), normalizePath(.Library, mustWork = FALSE))) next
       first <- find.package(ns, lib.loc = libs, quiet = TRUE)
-      if (length(first) == 0L) next
+      if (length(first) == 0L) {
+        # An app with a library of its own sees only what it named.
+        if (nzchar(Sys.getenv("VALVE_LIBRARY"))) {
+          return(sprintf("its library does not hold %s, which the warm parent loaded", ns))
+        }
+        next
+      }
       first <- normalizePath(first[1L], mustWork = FALSE)
       if (identical(first, loaded_at)) next
       version <- tryCatch(read.dcf(file.path(first, "DESCRIPTION"), "Version")[1L, 1L], error = function(e) NA)

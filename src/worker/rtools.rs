@@ -1,0 +1,141 @@
+//! R run as valve itself, in no sandbox and with `--vanilla` (no profile,
+//! no site file, no app code): what an R installation is (its version,
+//! platform and library folders) and fetching package tarballs with R's
+//! own downloader (libcurl: `http`, `https`, `file`, the proxies R's
+//! variables name), for a restore of an app's packages.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use rustix::process::Signal;
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+use super::process::pid_of;
+use super::spawn::{Launchable, Spawner};
+
+/// What one R installation is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RFacts {
+    /// `getRversion()`.
+    pub version: String,
+    /// `R.version$platform`.
+    pub platform: String,
+    /// Its default library paths, site libraries first, R's own last.
+    pub libraries: Vec<PathBuf>,
+    /// R's own library (`.Library`: base and recommended packages).
+    pub own: PathBuf,
+}
+
+const FACTS: &str = r#"cat("valve-r-version", as.character(getRversion()), "\n")
+cat("valve-r-platform", R.version$platform, "\n")
+cat("valve-r-own", .Library, "\n")
+for (p in .libPaths()) cat("valve-r-lib", p, "\n")
+"#;
+
+/// Asks `r_bin` what it is.
+pub async fn facts(r_bin: &Path) -> Result<RFacts, String> {
+    let out = run(r_bin, FACTS, "", Duration::from_secs(60)).await?;
+    let mut facts = RFacts { version: String::new(), platform: String::new(), libraries: Vec::new(), own: PathBuf::new() };
+    for line in out.lines() {
+        let mut words = line.splitn(2, ' ');
+        let (key, value) = (words.next().unwrap_or(""), words.next().unwrap_or("").trim());
+        match key {
+            "valve-r-version" => facts.version = value.to_string(),
+            "valve-r-platform" => facts.platform = value.to_string(),
+            "valve-r-own" => facts.own = PathBuf::from(value),
+            "valve-r-lib" => facts.libraries.push(PathBuf::from(value)),
+            _ => {}
+        }
+    }
+    if facts.version.is_empty() {
+        return Err(format!("{} did not say its version", r_bin.display()));
+    }
+    Ok(facts)
+}
+
+const FETCH: &str = r#"options(timeout = max(600, getOption("timeout")))
+jobs <- strsplit(readLines(file("stdin")), "\t", fixed = TRUE)
+for (j in jobs) {
+  dest <- j[1]; why <- character(); ok <- FALSE
+  for (u in j[-1]) {
+    r <- tryCatch(suppressWarnings(utils::download.file(u, dest, quiet = TRUE, mode = "wb", method = "libcurl")),
+                  error = function(e) conditionMessage(e))
+    if (identical(r, 0L) && file.exists(dest)) { ok <- TRUE; cat("valve-fetched\t", dest, "\t", u, "\n", sep = ""); break }
+    unlink(dest)
+    why <- c(why, paste0(u, ": ", gsub("[\t\n]", " ", if (is.character(r)) r else paste("status", r))))
+  }
+  if (!ok) cat("valve-fetch-failed\t", dest, "\t", paste(why, collapse = "; "), "\n", sep = "")
+}
+"#;
+
+/// One file to fetch: where it goes, and the URLs to try in order.
+pub type FetchJob = (PathBuf, Vec<String>);
+
+/// Fetches each job's file with `r_bin`'s downloader: for each destination,
+/// the URL it came from or why none gave it.
+pub async fn fetch(r_bin: &Path, jobs: &[FetchJob], timeout: Duration) -> Result<Vec<(PathBuf, Result<String, String>)>, String> {
+    let mut input = Vec::new();
+    for (dest, urls) in jobs {
+        let mut line = dest.display().to_string();
+        for u in urls {
+            line.push('\t');
+            line.push_str(u);
+        }
+        if line.contains('\n') {
+            return Err(format!("{line:?} holds a line break"));
+        }
+        let _ = writeln!(input, "{line}");
+    }
+    let out = run(r_bin, FETCH, std::str::from_utf8(&input).unwrap_or(""), timeout).await?;
+    let mut results = Vec::new();
+    for line in out.lines() {
+        let parts: Vec<&str> = line.splitn(3, '\t').collect();
+        match parts.as_slice() {
+            ["valve-fetched", dest, url] => results.push((PathBuf::from(dest), Ok(url.to_string()))),
+            ["valve-fetch-failed", dest, why] => results.push((PathBuf::from(dest), Err(why.to_string()))),
+            _ => {}
+        }
+    }
+    Ok(results)
+}
+
+/// Runs `code` in `r_bin --vanilla` with `stdin`, within `timeout`: its
+/// standard output, or what went wrong with its last lines.
+async fn run(r_bin: &Path, code: &str, stdin: &str, timeout: Duration) -> Result<String, String> {
+    let mut cmd = Command::new(r_bin);
+    cmd.args(["--vanilla", "--no-echo", "-e", code])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let spawner = Spawner::shared().map_err(|e| e.to_string())?;
+    let cmd = Launchable::dying_with_valve(cmd).map_err(|e| e.to_string())?;
+    let (mut child, _own) = spawner.spawn(r_bin, cmd).await.map_err(|e| e.to_string())?;
+    let pid = child.id().unwrap_or_default();
+    if let Some(mut input) = child.stdin.take() {
+        let _ = input.write_all(stdin.as_bytes()).await;
+    }
+    let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Ok(Ok(output)) => output,
+        Ok(Err(e)) => return Err(e.to_string()),
+        Err(_) => {
+            let _ = rustix::process::kill_process_group(pid_of(pid), Signal::KILL);
+            return Err(format!("{} took longer than {}s", r_bin.display(), timeout.as_secs()));
+        }
+    };
+    if !output.status.success() {
+        let err = String::from_utf8_lossy(&output.stderr);
+        let tail: Vec<&str> = err.lines().rev().take(5).collect();
+        return Err(format!(
+            "{} failed ({}): {}",
+            r_bin.display(),
+            output.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        ));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
