@@ -191,6 +191,8 @@ async fn assemble(
     // dependencies there) comes from R's library as it stands, and is said.
     let named: Vec<String> = lock.packages.iter().map(|w| w.name.clone()).collect();
     let mut roots: Vec<String> = entries.iter().flat_map(|e| dcf::needs_of(&e.path)).collect();
+    // What valve's launcher loads to serve an app of its kind, if not named.
+    roots.extend(serves_with(&spec.app).iter().map(|s| s.to_string()));
     roots.extend(
         builds.iter().flat_map(|(w, t)| w.needs.clone().unwrap_or_default().into_iter().chain(t.needs.clone())),
     );
@@ -256,6 +258,17 @@ async fn assemble(
             let _ = std::fs::remove_dir_all(&partial);
             Err(e)
         }
+    }
+}
+
+/// The packages valve's launcher loads to serve `app` (an engine's
+/// `_server.yml` names its own, which the app must name).
+fn serves_with(app: &crate::config::AppSource) -> &'static [&'static str] {
+    match app.family() {
+        "plumber" => &["plumber"],
+        "shiny" if matches!(app, crate::config::AppSource::Shiny(_)) => &["shiny"],
+        "shiny" => &["shiny", "rmarkdown", "knitr"],
+        _ => &[],
     }
 }
 
