@@ -132,7 +132,7 @@ fn healthcheck(url: &str) -> ExitCode {
     }
 }
 
-/// `valve publish-key`, `versions`, `activate`, `access`: 0 when done, 1
+/// `valve publish-key`, `versions`, `activate`, `access`, `packages`: 0 when done, 1
 /// when valve said no (or could not be reached), 2 for bad arguments.
 fn subcommand(args: &Args, command: Command) -> ExitCode {
     if let Command::PublishKey { name } = &command {
@@ -151,7 +151,10 @@ fn subcommand(args: &Args, command: Command) -> ExitCode {
         };
     }
     let given = match &command {
-        Command::Versions { admin, .. } | Command::Activate { admin, .. } | Command::Access { admin, .. } => admin,
+        Command::Versions { admin, .. }
+        | Command::Activate { admin, .. }
+        | Command::Access { admin, .. }
+        | Command::Packages { admin, .. } => admin,
         Command::PublishKey { .. } => &None,
     };
     let admin = match args.admin_url_for(given.as_deref()) {
@@ -180,6 +183,7 @@ fn subcommand(args: &Args, command: Command) -> ExitCode {
                 let (users, groups) = if *open { (None, None) } else { (split(users), split(groups)) };
                 cli::access(&admin, app, users, groups).await
             }
+            Command::Packages { prune, .. } => cli::packages(&admin, *prune).await,
             Command::PublishKey { .. } => Ok(String::new()),
         }
     });

@@ -21,6 +21,7 @@
 pub mod publish;
 
 mod logs;
+mod packages;
 mod query;
 #[cfg(test)]
 mod reference;
@@ -65,6 +66,8 @@ pub struct Admin {
     /// Publishing, when on: the status page and metrics say what each
     /// published app serves.
     publisher: OnceLock<Arc<publish::Publisher>>,
+    /// The package cache (`valve packages`).
+    package_cache: std::path::PathBuf,
 }
 
 impl Admin {
@@ -76,6 +79,7 @@ impl Admin {
         stopping: CancellationToken,
     ) -> Arc<Self> {
         let isolation = config.server.isolation;
+        let config_packages = config.server.packages.cache_dir.clone();
         let secs = |d: std::time::Duration| d.as_secs_f64();
         let s = &config.server;
         let first = config.apps.first();
@@ -115,6 +119,7 @@ impl Admin {
             config,
             reloader: OnceLock::new(),
             publisher: OnceLock::new(),
+            package_cache: config_packages,
         })
     }
 
@@ -151,6 +156,9 @@ impl Admin {
         let page = path.strip_prefix(PREFIX).unwrap_or("");
         if private && page == "/reload" {
             return self.reload(method).await;
+        }
+        if private && (page == "/packages" || page.starts_with("/packages/")) {
+            return packages::answer(&self.package_cache, method, page).await;
         }
         if !private && !matches!(page, "/healthz" | "/readyz") {
             return error(

@@ -130,6 +130,12 @@ impl Admin {
             "memory_limit_errors": m.sup.metrics.memory_limit_errors(),
             // A published app's active version, when and by which key (none for others).
             "published": self.publisher.get().and_then(|p| p.status_of(&c.name)),
+            // Its own library, when it names packages: how many, and from where.
+            "packages": m.sup.settings.packages.as_ref().map(|s| {
+                let from_r = s.packages.iter().filter(|e| e.from == crate::restore::cache::From::System).count();
+                serde_json::json!({ "file": s.file, "r_version": s.r_version, "total": s.packages.len(),
+                                    "from_r_library": from_r, "built": s.packages.len() - from_r })
+            }),
             "live_workers": live,
             // No R process now, and none until a request comes (static content has none ever).
             "scaled_to_zero": !c.is_static() && c.n_min == 0 && live == 0,

@@ -33,6 +33,7 @@ fn settings(n_min: usize, n_max: usize) -> Settings {
         queue_timeout: Duration::from_secs(30),
         request_timeout: Some(Duration::from_secs(5)),
         spool: None,
+        packages: None,
     }
 }
 

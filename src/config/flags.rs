@@ -401,6 +401,17 @@ pub enum Command {
         #[arg(long, env = "VALVE_ADMIN_URL", value_name = "URL")]
         admin: Option<String>,
     },
+    /// List the package cache (each built package: version, the R it was built for, size, the
+    /// apps whose library uses it), or with --prune remove what no app's folder uses.
+    Packages {
+        /// Remove the libraries no existing app folder (or kept published version) uses, the
+        /// packages no remaining library links, their tarballs, and what killed restores left.
+        #[arg(long)]
+        prune: bool,
+        /// valve's admin address (the ready line's admin_url), such as http://127.0.0.1:9090.
+        #[arg(long, env = "VALVE_ADMIN_URL", value_name = "URL")]
+        admin: Option<String>,
+    },
     /// Set who may use a published app (its allow_users and allow_groups).
     Access {
         app: String,

@@ -18,6 +18,7 @@ use crate::worker::WorkerId;
 mod auth;
 mod compact;
 mod family;
+mod packages;
 mod process;
 mod reasons;
 mod session;
@@ -572,6 +573,7 @@ impl Registry {
         );
         self.auth.render(&mut out);
         self.trace.render(&mut out);
+        packages::render(&mut out);
         process_metrics(&mut out);
         out
     }

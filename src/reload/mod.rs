@@ -215,6 +215,7 @@ impl Apps {
         }
         let (mut spec, spool) = self.spec(app, site)?;
         spec.library = library.map(Library::paths);
+        settings.packages = library.map(|l| l.summary.clone());
         spec.on_output(log);
         let metrics = self.registry.app(&app.name);
         metrics.set_memory_limit(app.memory_limit);
@@ -384,9 +385,9 @@ impl Apps {
                     Some(Ok(l)) => Ok(l.as_ref()),
                     None => Ok(None),
                 };
-                let made = library.map_err(RunError::Packages).and_then(|library| {
-                    self.generation(app, config.server.check_unused, &site, library)
-                });
+                let made = library
+                    .map_err(RunError::Packages)
+                    .and_then(|library| self.generation(app, config.server.check_unused, &site, library));
                 let sup = match made {
                     Ok(sup) => sup,
                     Err(e) => {

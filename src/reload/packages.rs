@@ -38,6 +38,10 @@ impl Apps {
         site: &Site,
         say: restore::Say<'_>,
     ) -> Result<Option<Library>, String> {
+        // Most apps name nothing: nothing to make, no R asked.
+        if config.server.packages.site_library && matches!(restore::lock::read(&app.folder()), Ok(None)) {
+            return Ok(None);
+        }
         // Made before the app's sandbox, which shows it.
         let _ = restore::cache::Cache::open(&config.server.packages.cache_dir);
         let (spec, _) = self.spec(app, site).map_err(|e| e.to_string())?;

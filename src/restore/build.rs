@@ -12,8 +12,8 @@ use tokio::sync::Semaphore;
 
 use super::cache::{self, Cache, Entry, From};
 use super::lock::Wanted;
-use super::source::Tarball;
 use super::say::Say;
+use super::source::Tarball;
 use crate::config::PackageSettings;
 use crate::worker::packages::{self, BuildDir};
 use crate::worker::rtools::RFacts;
@@ -112,10 +112,7 @@ pub fn server_closure(facts: &RFacts, roots: Vec<String>, named: &[String]) -> V
     let mut found: Vec<(String, PathBuf)> = Vec::new();
     let mut todo = roots;
     while let Some(name) = todo.pop() {
-        if found.iter().any(|(n, _)| *n == name)
-            || named.contains(&name)
-            || super::dcf::BASE.contains(&name.as_str())
-        {
+        if found.iter().any(|(n, _)| *n == name) || named.contains(&name) || super::dcf::BASE.contains(&name.as_str()) {
             continue;
         }
         let Some(dir) = facts.libraries.iter().map(|l| l.join(&name)).find(|d| d.join("DESCRIPTION").is_file()) else {

@@ -43,7 +43,9 @@ impl Entry {
     /// What the deployment log says of it.
     pub fn said(&self) -> String {
         match &self.from {
-            From::System => format!("{} {}: from R's library ({}), not rebuilt", self.name, self.version, self.path.display()),
+            From::System => {
+                format!("{} {}: from R's library ({}), not rebuilt", self.name, self.version, self.path.display())
+            }
             From::Cache => format!("{} {}: installed from cache", self.name, self.version),
             From::Built(s) => format!("{} {}: built from source ({s:.1} s)", self.name, self.version),
         }

@@ -23,7 +23,14 @@ pub fn copy_out(parent: BorrowedFd<'_>, name: &str, dest: &Path, uid: u32) -> io
     copy_at(parent, name, dest, uid, 0, &mut budget)
 }
 
-fn copy_at(parent: BorrowedFd<'_>, name: &str, dest: &Path, uid: u32, depth: usize, budget: &mut usize) -> io::Result<u64> {
+fn copy_at(
+    parent: BorrowedFd<'_>,
+    name: &str,
+    dest: &Path,
+    uid: u32,
+    depth: usize,
+    budget: &mut usize,
+) -> io::Result<u64> {
     let me = rustix::process::geteuid().as_raw();
     let st = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)?;
     *budget = budget.checked_sub(1).ok_or_else(|| io::Error::other(format!("more than {MAX_ENTRIES} entries")))?;

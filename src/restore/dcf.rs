@@ -51,8 +51,20 @@ pub fn needs_of(dir: &std::path::Path) -> Vec<String> {
 
 /// R's base packages: part of R itself, never restored.
 pub const BASE: &[&str] = &[
-    "base", "compiler", "datasets", "grDevices", "graphics", "grid", "methods", "parallel", "splines", "stats",
-    "stats4", "tcltk", "tools", "utils",
+    "base",
+    "compiler",
+    "datasets",
+    "grDevices",
+    "graphics",
+    "grid",
+    "methods",
+    "parallel",
+    "splines",
+    "stats",
+    "stats4",
+    "tcltk",
+    "tools",
+    "utils",
 ];
 
 #[cfg(test)]

@@ -90,7 +90,9 @@ pub fn manifest(text: &str) -> Result<Vec<Wanted>, String> {
                     text(&desc["RemoteRepo"]).unwrap_or_else(|| name.clone())
                 ),
             },
-            "" | "local" | "unknown" | "source" => Origin::Other(if source.is_empty() { "unknown".into() } else { source }),
+            "" | "local" | "unknown" | "source" => {
+                Origin::Other(if source.is_empty() { "unknown".into() } else { source })
+            }
             _ => Origin::Repository { name: source, url },
         };
         let needs = desc.as_object().map(|d| {
@@ -111,9 +113,7 @@ pub fn renv(text: &str) -> Result<Vec<Wanted>, String> {
     let repos: Vec<(String, String)> = doc["R"]["Repositories"]
         .as_array()
         .map(|a| {
-            a.iter()
-                .filter_map(|r| Some((r["Name"].as_str()?.to_string(), r["URL"].as_str()?.to_string())))
-                .collect()
+            a.iter().filter_map(|r| Some((r["Name"].as_str()?.to_string(), r["URL"].as_str()?.to_string()))).collect()
         })
         .unwrap_or_default();
     let Some(packages) = doc.get("Packages").and_then(|p| p.as_object()) else {
@@ -125,8 +125,7 @@ pub fn renv(text: &str) -> Result<Vec<Wanted>, String> {
         if BASE.contains(&name.as_str()) {
             continue;
         }
-        let version =
-            p["Version"].as_str().ok_or_else(|| format!("the package {name} has no Version"))?.to_string();
+        let version = p["Version"].as_str().ok_or_else(|| format!("the package {name} has no Version"))?.to_string();
         let source = p["Source"].as_str().unwrap_or("").to_string();
         let origin = match source.to_ascii_lowercase().as_str() {
             "repository" | "cran" => {

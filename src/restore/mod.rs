@@ -15,8 +15,10 @@
 mod build;
 pub mod cache;
 mod copy;
+pub mod counts;
 pub mod dcf;
 pub mod lock;
+pub mod manage;
 pub mod plan;
 mod say;
 mod source;
@@ -28,9 +30,8 @@ use crate::config::PackageSettings;
 use crate::worker::rtools::{self, RFacts};
 use crate::worker::Spec;
 use cache::{sha256_hex, Cache, Entry, From, Summary};
-pub use say::Say;
 use plan::Repositories;
-
+pub use say::Say;
 
 /// An app's own library, ready.
 #[derive(Clone, Debug)]
@@ -40,6 +41,8 @@ pub struct Library {
     /// What valve's launcher needs, after the app's own.
     pub runtime: PathBuf,
     pub summary: Summary,
+    /// It was in the cache whole: nothing fetched, built or linked.
+    pub whole: bool,
 }
 
 impl Library {
@@ -66,16 +69,41 @@ async fn facts(r_bin: &Path) -> Result<RFacts, String> {
 
 /// Where R (with its default libraries) holds `name` at exactly `version`.
 fn held(facts: &RFacts, name: &str, version: &str) -> Option<PathBuf> {
-    facts
-        .libraries
-        .iter()
-        .map(|l| l.join(name))
-        .find(|dir| cache::installed_version(dir).as_deref() == Some(version))
+    facts.libraries.iter().map(|l| l.join(name)).find(|dir| cache::installed_version(dir).as_deref() == Some(version))
 }
 
 /// The app in `folder` (run by `r_bin`, its processes as `spec` says)
-/// restored: its library, or `None` when it names no packages.
+/// restored: its library, or `None` when it names no packages. Counted,
+/// and the library's use by the folder recorded (a prune keeps it while the
+/// folder exists).
 pub async fn restore(
+    folder: &Path,
+    spec: &Spec,
+    settings: &PackageSettings,
+    say: Say<'_>,
+) -> Result<Option<Library>, String> {
+    let _shared = manage::GATE.read().await;
+    let got = assemble(folder, spec, settings, say).await;
+    match &got {
+        Ok(Some(lib)) => {
+            counts::restore_ended(true, lib.whole);
+            if !lib.whole {
+                lib.summary.packages.iter().for_each(counts::placed);
+            }
+            let cache = Cache { root: settings.cache_dir.clone() };
+            if let (Ok(rest), Some(key)) = (lib.path.strip_prefix(cache.libs()), lib.path.file_name()) {
+                if rest.components().count() == 1 {
+                    manage::record(&cache, &spec.name, folder, &key.to_string_lossy());
+                }
+            }
+        }
+        Ok(None) => {}
+        Err(_) => counts::restore_ended(false, false),
+    }
+    got
+}
+
+async fn assemble(
     folder: &Path,
     spec: &Spec,
     settings: &PackageSettings,
@@ -94,7 +122,7 @@ pub async fn restore(
         // what valve's launcher needs, nothing else.
         let runtime = build::runtime(&cache, &facts, &rkey)?;
         say("Packages: the app names none and the site library is off (--site-library false): it sees R's own library only".into());
-        return Ok(Some(Library { path: runtime.clone(), runtime, summary: Summary::default() }));
+        return Ok(Some(Library { path: runtime.clone(), runtime, summary: Summary::default(), whole: true }));
     };
     let repos = Repositories { mapped: settings.repositories.clone(), only_mapped: settings.repositories_only };
     let key = {
@@ -107,12 +135,16 @@ pub async fn restore(
     let runtime = build::runtime(&cache, &facts, &rkey)?;
     let path = cache.libs().join(&key);
     if let Some(summary) = cache::summary(&path) {
-        say(format!("Packages: the {} packages {} names were restored before (library {key})", summary.packages.len(), lock.file));
+        say(format!(
+            "Packages: the {} packages {} names were restored before (library {key})",
+            summary.packages.len(),
+            lock.file
+        ));
         for e in &summary.packages {
             let again = Entry { from: if e.from == From::System { From::System } else { From::Cache }, ..e.clone() };
             say(again.said());
         }
-        return Ok(Some(Library { path, runtime, summary }));
+        return Ok(Some(Library { path, runtime, summary, whole: true }));
     }
     say(format!(
         "Restoring the {} packages {} names (R {}, {}) into the app's own library",
@@ -159,7 +191,11 @@ pub async fn restore(
     // dependencies there) comes from R's library as it stands, and is said.
     let named: Vec<String> = lock.packages.iter().map(|w| w.name.clone()).collect();
     let mut roots: Vec<String> = entries.iter().flat_map(|e| dcf::needs_of(&e.path)).collect();
-    roots.extend(builds.iter().flat_map(|(w, t)| w.needs.clone().unwrap_or_default().into_iter().chain(t.needs.clone())));
+    // What valve's launcher loads to serve an app of its kind, if not named.
+    roots.extend(serves_with(&spec.app).iter().map(|s| s.to_string()));
+    roots.extend(
+        builds.iter().flat_map(|(w, t)| w.needs.clone().unwrap_or_default().into_iter().chain(t.needs.clone())),
+    );
     for (name, dir) in build::server_closure(&facts, roots, &named) {
         let version = cache::installed_version(&dir).unwrap_or_default();
         let e = Entry { name, version, from: From::System, path: dir };
@@ -207,7 +243,8 @@ pub async fn restore(
         }
         let summary = Summary { file: lock.file.to_string(), r_version: facts.version.clone(), packages: entries };
         let text = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
-        std::fs::write(partial.join(cache::SUMMARY), text).map_err(|e| format!("cannot write the library's summary: {e}"))?;
+        std::fs::write(partial.join(cache::SUMMARY), text)
+            .map_err(|e| format!("cannot write the library's summary: {e}"))?;
         cache::put(&partial, &path).map_err(|e| format!("cannot put the library at {}: {e}", path.display()))?;
         Ok(summary)
     }
@@ -215,12 +252,23 @@ pub async fn restore(
     match result {
         Ok(summary) => {
             say(format!("Packages: all {} restored (library {key})", summary.packages.len()));
-            Ok(Some(Library { path, runtime, summary }))
+            Ok(Some(Library { path, runtime, summary, whole: false }))
         }
         Err(e) => {
             let _ = std::fs::remove_dir_all(&partial);
             Err(e)
         }
+    }
+}
+
+/// The packages valve's launcher loads to serve `app` (an engine's
+/// `_server.yml` names its own, which the app must name).
+fn serves_with(app: &crate::config::AppSource) -> &'static [&'static str] {
+    match app.family() {
+        "plumber" => &["plumber"],
+        "shiny" if matches!(app, crate::config::AppSource::Shiny(_)) => &["shiny"],
+        "shiny" => &["shiny", "rmarkdown", "knitr"],
+        _ => &[],
     }
 }
 

@@ -90,8 +90,7 @@ mod tests {
     fn a_mapped_name_overrides_the_clients_url_and_only_mapped_refuses_the_rest() {
         let cran = wanted(Origin::Repository { name: "CRAN".into(), url: Some("https://cloud.r-project.org".into()) });
         let mine = wanted(Origin::Repository { name: "Mine".into(), url: Some("http://mine".into()) });
-        let mut repos =
-            Repositories { mapped: vec![("cran".into(), "file:///srv/cran".into())], only_mapped: false };
+        let mut repos = Repositories { mapped: vec![("cran".into(), "file:///srv/cran".into())], only_mapped: false };
         assert_eq!(repos.url_for(&cran).unwrap(), "file:///srv/cran");
         assert_eq!(repos.url_for(&mine).unwrap(), "http://mine");
         repos.only_mapped = true;

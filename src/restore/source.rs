@@ -39,11 +39,8 @@ pub async fn fetch_all(
             jobs.push((cache.fresh(&format!("{}.tar.gz", w.name)), tarball_urls(url, &w.name, &w.version).to_vec()));
         }
     }
-    let fetched = if jobs.is_empty() {
-        Vec::new()
-    } else {
-        rtools::fetch(r_bin, &jobs, Duration::from_secs(1800)).await?
-    };
+    let fetched =
+        if jobs.is_empty() { Vec::new() } else { rtools::fetch(r_bin, &jobs, Duration::from_secs(1800)).await? };
     let mut out = Vec::new();
     let mut n = 0;
     for (w, url) in wanted {
@@ -73,7 +70,9 @@ pub async fn fetch_all(
                 }
             }
         }
-        out.push(read(&path, &w.name).map_err(|e| format!("{} {}: its tarball {}: {e}", w.name, w.version, path.display())));
+        out.push(
+            read(&path, &w.name).map_err(|e| format!("{} {}: its tarball {}: {e}", w.name, w.version, path.display())),
+        );
     }
     Ok(out)
 }

@@ -38,7 +38,8 @@ for (p in .libPaths()) cat("valve-r-lib", p, "\n")
 /// Asks `r_bin` what it is.
 pub async fn facts(r_bin: &Path) -> Result<RFacts, String> {
     let out = run(r_bin, FACTS, "", Duration::from_secs(60)).await?;
-    let mut facts = RFacts { version: String::new(), platform: String::new(), libraries: Vec::new(), own: PathBuf::new() };
+    let mut facts =
+        RFacts { version: String::new(), platform: String::new(), libraries: Vec::new(), own: PathBuf::new() };
     for line in out.lines() {
         let mut words = line.splitn(2, ' ');
         let (key, value) = (words.next().unwrap_or(""), words.next().unwrap_or("").trim());
@@ -76,7 +77,11 @@ pub type FetchJob = (PathBuf, Vec<String>);
 
 /// Fetches each job's file with `r_bin`'s downloader: for each destination,
 /// the URL it came from or why none gave it.
-pub async fn fetch(r_bin: &Path, jobs: &[FetchJob], timeout: Duration) -> Result<Vec<(PathBuf, Result<String, String>)>, String> {
+pub async fn fetch(
+    r_bin: &Path,
+    jobs: &[FetchJob],
+    timeout: Duration,
+) -> Result<Vec<(PathBuf, Result<String, String>)>, String> {
     let mut input = Vec::new();
     for (dest, urls) in jobs {
         let mut line = dest.display().to_string();

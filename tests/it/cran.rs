@@ -368,7 +368,9 @@ fn rscript(expr: &str, args: &[&str]) -> String {
 /// The version of `name` installed in `lib`.
 fn installed_version(lib: &Path, name: &str) -> String {
     let lib = lib.to_str().expect("a UTF-8 path");
-    rscript("a <- commandArgs(TRUE); cat(utils::packageDescription(a[1], lib.loc = a[2])$Version)", &[name, lib]).trim().into()
+    rscript("a <- commandArgs(TRUE); cat(utils::packageDescription(a[1], lib.loc = a[2])$Version)", &[name, lib])
+        .trim()
+        .into()
 }
 
 /// `R CMD INSTALL -l lib tarball`: whether it succeeded, and what it printed.

@@ -10,7 +10,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub const START_DEADLINE: Duration = Duration::from_secs(60);
+/// How long valve may take to say it serves before a test gives up: a hang
+/// guard, not a figure (a start that restores packages builds them first).
+pub const START_DEADLINE: Duration = Duration::from_secs(180);
 
 /// How long a test waits for valve to take a request it was sent (the request
 /// reaching a worker, or joining the queue): seconds on a loaded machine, not minutes.

@@ -8,8 +8,8 @@
 use std::path::Path;
 
 use crate::cran::{self, WITH_C};
-use crate::lifecycle::processes_with_env;
 use crate::harness::{app_dir, as_root, client, need_r_packages, valve_bin, wait_until, Valve};
+use crate::lifecycle::processes_with_env;
 use crate::publish::{deploy_app, follow, get, new_key, tarball};
 
 /// An API that says which bitops it loaded, that it works (compiled code),
@@ -108,6 +108,34 @@ async fn two_site_apps_get_two_versions_of_one_package_and_a_restart_builds_noth
     assert!(log.contains("were restored before"), "{log}");
     assert!(!log.contains("built from source"), "a restart builds nothing: {log}");
     assert_eq!(fetched(&served).len(), before, "a restart fetches nothing");
+
+    // What the status page, the metrics and `valve packages` say.
+    let admin = valve.admin_url();
+    let status: serde_json::Value =
+        client().get(format!("{admin}/__valve__/apps/new/status")).send().await.unwrap().json().await.unwrap();
+    let p = &status["app"]["packages"];
+    // bitops and zeallot built; plumber and what it needs from R's library.
+    assert_eq!((p["file"].as_str(), p["built"].as_u64()), (Some("renv.lock"), Some(2)), "{p}");
+    assert!(p["from_r_library"].as_u64() > Some(1), "{p}");
+    let metrics = client().get(format!("{admin}/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("valve_package_restores_total{result=\"hit\"} 2"), "{metrics}");
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(valve_bin()).args(args).args(["--admin", &admin]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let listed = cli(&["packages"]);
+    let row = |version: &str| listed.lines().find(|l| l.starts_with("bitops ") && l.contains(version)).map(str::to_string);
+    assert!(row(&archived).is_some_and(|l| l.ends_with(" old")), "{listed}");
+    assert!(row(&current).is_some_and(|l| l.ends_with(" new")), "{listed}");
+    // An app folder gone: a prune removes what it alone used.
+    std::fs::remove_dir_all(site.join("new")).unwrap();
+    let pruned = cli(&["packages", "--prune"]);
+    assert!(pruned.contains(&format!("bitops {current}")) && pruned.contains("zeallot 0.1.0"), "{pruned}");
+    assert!(!pruned.contains(&format!("bitops {archived}")), "{pruned}");
+    let listed = cli(&["packages"]);
+    assert!(listed.contains(&archived) && !listed.contains(&current), "{listed}");
+    assert_eq!(versions(&valve, "old").await["bitops"][0].as_str(), Some(archived.as_str()));
 }
 
 /// A bundle as rsconnect sends it: a plumber API whose manifest names
@@ -131,7 +159,8 @@ fn bundle(url: &str, packages: &[(&str, &str)]) -> Vec<u8> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_published_bundle_gets_its_versions_a_redeploy_takes_them_from_the_cache_and_a_failed_build_changes_nothing() {
+async fn a_published_bundle_gets_its_versions_a_redeploy_takes_them_from_the_cache_and_a_failed_build_changes_nothing()
+{
     need_r_packages(&["plumber"]);
     let mut repo = cran::repo();
     repo.add_broken("broken", "0.1");
@@ -158,13 +187,15 @@ async fn a_published_bundle_gets_its_versions_a_redeploy_takes_them_from_the_cac
     let call = |method: reqwest::Method, path: &str| {
         client().request(method, format!("{api}{path}")).header("Authorization", &auth)
     };
-    let resp = call(reqwest::Method::POST, "/v1/content").json(&serde_json::json!({"name": "calc"})).send().await.unwrap();
+    let resp =
+        call(reqwest::Method::POST, "/v1/content").json(&serde_json::json!({"name": "calc"})).send().await.unwrap();
     assert_eq!(resp.status(), 201);
     let guid = resp.json::<serde_json::Value>().await.unwrap()["guid"].as_str().unwrap().to_string();
     let deploy = |bytes: Vec<u8>| {
         let (call, guid, api, auth) = (&call, &guid, &api, &auth);
         async move {
-            let resp = call(reqwest::Method::POST, &format!("/v1/content/{guid}/bundles")).body(bytes).send().await.unwrap();
+            let resp =
+                call(reqwest::Method::POST, &format!("/v1/content/{guid}/bundles")).body(bytes).send().await.unwrap();
             assert_eq!(resp.status(), 200);
             let id = resp.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
             let resp = call(reqwest::Method::POST, &format!("/v1/content/{guid}/deploy"))
@@ -256,7 +287,12 @@ async fn a_configure_script_cannot_write_outside_its_build_folder_nor_read_anoth
         "#* @get /seen\nfunction() readLines(system.file(\"seen.txt\", package = \"nosy\"))\n",
     )
     .unwrap();
-    let valve = Valve::start(&["--site", site.to_str().unwrap(), "--package-cache", work.path().join("cache").to_str().unwrap()]);
+    let valve = Valve::start(&[
+        "--site",
+        site.to_str().unwrap(),
+        "--package-cache",
+        work.path().join("cache").to_str().unwrap(),
+    ]);
     let (code, seen) = get(&valve.get("/nosy/seen")).await;
     assert_eq!(code, 200, "{seen}\n{}", valve.log());
     assert!(valve.log().contains("nosy 0.1: built from source"), "{}", valve.log());

@@ -1,4 +1,5 @@
-//! The client of `valve versions`, `valve activate` and `valve access`:
+//! The client of `valve versions`, `valve activate`, `valve access` and
+//! `valve packages`:
 //! one call to valve's admin address, its answer as text for people. Errors
 //! are what went wrong, for `main` to print and exit on.
 
@@ -73,6 +74,41 @@ pub async fn access(
         out.push_str(note);
         out.push('\n');
     }
+    Ok(out)
+}
+
+/// `valve packages [--prune]`: the package cache, or what a prune removed.
+pub async fn packages(admin: &str, prune: bool) -> Result<String, String> {
+    let mb = |b: &Value| format!("{:.1} MB", b.as_f64().unwrap_or(0.0) / 1e6);
+    if prune {
+        let v = call(admin, http::Method::POST, "/__valve__/packages/prune", None).await?;
+        let p = &v["pruned"];
+        let names: Vec<&str> = p["packages"].as_array().into_iter().flatten().filter_map(|n| n.as_str()).collect();
+        return Ok(format!(
+            "Pruned {}: {} app libraries, {} built packages{}, {} tarballs; {} freed\n",
+            v["cache"].as_str().unwrap_or(""),
+            p["libraries"],
+            names.len(),
+            if names.is_empty() { String::new() } else { format!(" ({})", names.join(", ")) },
+            p["tarballs"],
+            mb(&p["bytes"]),
+        ));
+    }
+    let v = call(admin, http::Method::GET, "/__valve__/packages", None).await?;
+    let rows = v["packages"].as_array().cloned().unwrap_or_default();
+    let mut out = format!("{:<20} {:<12} {:<30} {:>10}  apps\n", "package", "version", "built for", "size");
+    for r in &rows {
+        let apps: Vec<&str> = r["apps"].as_array().into_iter().flatten().filter_map(|a| a.as_str()).collect();
+        out.push_str(&format!(
+            "{:<20} {:<12} {:<30} {:>10}  {}\n",
+            r["package"].as_str().unwrap_or(""),
+            r["version"].as_str().unwrap_or(""),
+            r["r"].as_str().unwrap_or(""),
+            mb(&r["bytes"]),
+            if apps.is_empty() { "(none: `valve packages --prune` removes it)".to_string() } else { apps.join(", ") },
+        ));
+    }
+    out.push_str(&format!("{} built packages, {} in {}\n", rows.len(), mb(&v["bytes"]), v["cache"].as_str().unwrap_or("")));
     Ok(out)
 }
 

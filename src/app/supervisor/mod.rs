@@ -84,6 +84,8 @@ pub struct Settings {
     /// Where the app's request bodies are spooled, if not valve's run
     /// directory (its workers read them: they must be theirs).
     pub spool: Option<crate::worker::SpoolDir>,
+    /// What the app's own library holds (none: it names no packages).
+    pub packages: Option<crate::restore::cache::Summary>,
 }
 
 impl Settings {
@@ -107,6 +109,7 @@ impl Settings {
             queue_timeout: app.queue_timeout,
             request_timeout: app.request_timeout,
             spool: None,
+            packages: None,
         }
     }
 }
