@@ -85,6 +85,42 @@ static const char *arg(const char *line, const char *cmd) {
   return line + n + 1;
 }
 
+
+/* Opens the fork's FIFO for writing (as the app's user) without waiting
+ * forever for a reader: valve holds it open for reading while it waits for
+ * the fork, but if valve has ended (its lifeline hangs up) or no reader comes
+ * within 30 s, the fork gives up (ENXIO) rather than block before its
+ * lifeline thread runs, which would leave it alive after valve. */
+static int open_fifo(const char *path) {
+  const char *lf = getenv("VALVE_LIFELINE");
+  int lifeline = lf ? atoi(lf) : -1;
+  for (int waited = 0; waited < 30000; waited += 50) {
+    int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+      int flags = fcntl(fd, F_GETFL);
+      if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+      }
+      return fd;
+    }
+    if (errno != ENXIO) return -1;
+    if (lifeline >= 0) {
+      struct pollfd p = {.fd = lifeline, .events = POLLIN};
+      if (poll(&p, 1, 50) != 0) {
+        errno = ENXIO; /* valve has ended: nobody will read */
+        return -1;
+      }
+    } else {
+      usleep(50000);
+    }
+  }
+  errno = ENXIO;
+  return -1;
+}
+
 static int step(const char *line, int *clones) {
   const char *a;
   if ((a = arg(line, "unshare")) != NULL) return unshare(CLONE_NEWNS);
@@ -152,7 +188,7 @@ static int step(const char *line, int *clones) {
     return prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
   }
   if ((a = arg(line, "stdio")) != NULL) {
-    int out = open(a, O_WRONLY | O_CLOEXEC);
+    int out = open_fifo(a);
     if (out < 0) return -1;
     int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (in < 0) { close(out); return -1; }
