@@ -23,7 +23,14 @@ test_that("valve_deploy() publishes a new version that serves, and a wrong key i
   made <- system2(valve_binary(), c("publish-key", "r-tests"), stdout = TRUE)
   made <- made[!startsWith(made, "#")]
   writeLines(made[2], file.path(work, "keys"))
-  api <- local_valve(publish_dir = file.path(work, "published"), publish_keys_file = file.path(work, "keys"))
+  # A site of one static app under its own path: a configured app at `/`
+  # would leave no name free to publish (its paths are never taken).
+  site <- file.path(work, "site")
+  dir.create(file.path(site, "front"), recursive = TRUE)
+  writeLines("<h1>front</h1>", file.path(site, "front", "index.html"))
+  api <- valve_start(NULL, port = 0, site = site, publish_dir = file.path(work, "published"),
+                     publish_keys_file = file.path(work, "keys"), timeout = 60)
+  withr::defer(valve_stop(api, timeout = 10))
   app <- file.path(work, "hello")
   dir.create(app)
   writeLines(c("#* @get /version", "function() list(version = 1)"), file.path(app, "plumber.R"))
