@@ -54,6 +54,9 @@ impl Store {
         taken: &dyn Fn(u32) -> bool,
     ) -> Result<Assigned, String> {
         let path = self.table_path();
+        // Valves sharing a state folder (two on one host, or replicas) take
+        // turns: each reads, gives and writes the table whole under the lock.
+        let _turn = if self.record { Some(self.lock()?) } else { None };
         let found = self.read_table(&path)?;
         let seeded = found.is_none();
         let mut table = found.unwrap_or_else(|| uids::seed(names, own, range));
@@ -138,6 +141,30 @@ impl Store {
         })
     }
 
+    /// `uids.lock` in the state folder, held (flock) until dropped.
+    fn lock(&self) -> Result<std::fs::File, String> {
+        use std::os::fd::AsRawFd;
+        if !self.dir.exists() {
+            std::fs::create_dir_all(&self.dir)
+                .and_then(|()| std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o711)))
+                .map_err(|e| format!("state_dir {}: cannot create it: {e}", self.dir.display()))?;
+        }
+        let path = self.dir.join("uids.lock");
+        let bad = |e: std::io::Error| format!("the app uid table's lock {}: {e}", path.display());
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(bad)?;
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(bad(std::io::Error::last_os_error()));
+        }
+        Ok(file)
+    }
+
     /// Writes the table whole, in one step: a reader sees the old or the new.
     fn write_table(&self, path: &Path, table: &Table) -> Result<(), String> {
         let bad = |e: std::io::Error| format!("the app uid table {}: cannot write it: {e}", path.display());
@@ -147,7 +174,7 @@ impl Store {
                 .map_err(|e| format!("state_dir {}: cannot create it: {e}", self.dir.display()))?;
         }
         secret_file::check(&self.dir, "state_dir", Holds::NoSecret)?;
-        let tmp = self.dir.join("uids.tmp");
+        let tmp = self.dir.join(format!("uids.tmp.{}", std::process::id()));
         match std::fs::remove_file(&tmp) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(bad(e)),
             _ => {}
