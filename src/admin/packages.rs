@@ -33,6 +33,9 @@ pub(super) async fn answer(cache_dir: &Path, method: &Method, page: &str) -> Res
             resp.headers_mut().insert(ALLOW, HeaderValue::from_static(allow));
             resp
         }
-        _ => error(StatusCode::NOT_FOUND, "no such packages path: GET /__valve__/packages lists the cache, POST /__valve__/packages/prune prunes it"),
+        _ => error(
+            StatusCode::NOT_FOUND,
+            "no such packages path: GET /__valve__/packages lists the cache, POST /__valve__/packages/prune prunes it",
+        ),
     }
 }

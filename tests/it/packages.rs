@@ -125,7 +125,8 @@ async fn two_site_apps_get_two_versions_of_one_package_and_a_restart_builds_noth
         String::from_utf8_lossy(&out.stdout).to_string()
     };
     let listed = cli(&["packages"]);
-    let row = |version: &str| listed.lines().find(|l| l.starts_with("bitops ") && l.contains(version)).map(str::to_string);
+    let row =
+        |version: &str| listed.lines().find(|l| l.starts_with("bitops ") && l.contains(version)).map(str::to_string);
     assert!(row(&archived).is_some_and(|l| l.ends_with(" old")), "{listed}");
     assert!(row(&current).is_some_and(|l| l.ends_with(" new")), "{listed}");
     // An app folder gone: a prune removes what it alone used.

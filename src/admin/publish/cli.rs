@@ -108,7 +108,12 @@ pub async fn packages(admin: &str, prune: bool) -> Result<String, String> {
             if apps.is_empty() { "(none: `valve packages --prune` removes it)".to_string() } else { apps.join(", ") },
         ));
     }
-    out.push_str(&format!("{} built packages, {} in {}\n", rows.len(), mb(&v["bytes"]), v["cache"].as_str().unwrap_or("")));
+    out.push_str(&format!(
+        "{} built packages, {} in {}\n",
+        rows.len(),
+        mb(&v["bytes"]),
+        v["cache"].as_str().unwrap_or("")
+    ));
     Ok(out)
 }
 
