@@ -141,14 +141,20 @@ impl Store {
         })
     }
 
-    /// `uids.lock` in the state folder, held (flock) until dropped.
-    fn lock(&self) -> Result<std::fs::File, String> {
-        use std::os::fd::AsRawFd;
+    /// The state folder, made (0711) if it is not there.
+    fn make_dir(&self) -> Result<(), String> {
         if !self.dir.exists() {
             std::fs::create_dir_all(&self.dir)
                 .and_then(|()| std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o711)))
                 .map_err(|e| format!("state_dir {}: cannot create it: {e}", self.dir.display()))?;
         }
+        Ok(())
+    }
+
+    /// `uids.lock` in the state folder, held (flock) until dropped.
+    fn lock(&self) -> Result<std::fs::File, String> {
+        use std::os::fd::AsRawFd;
+        self.make_dir()?;
         let path = self.dir.join("uids.lock");
         let bad = |e: std::io::Error| format!("the app uid table's lock {}: {e}", path.display());
         let file = std::fs::OpenOptions::new()
@@ -168,11 +174,7 @@ impl Store {
     /// Writes the table whole, in one step: a reader sees the old or the new.
     fn write_table(&self, path: &Path, table: &Table) -> Result<(), String> {
         let bad = |e: std::io::Error| format!("the app uid table {}: cannot write it: {e}", path.display());
-        if !self.dir.exists() {
-            std::fs::create_dir_all(&self.dir)
-                .and_then(|()| std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o711)))
-                .map_err(|e| format!("state_dir {}: cannot create it: {e}", self.dir.display()))?;
-        }
+        self.make_dir()?;
         secret_file::check(&self.dir, "state_dir", Holds::NoSecret)?;
         let tmp = self.dir.join(format!("uids.tmp.{}", std::process::id()));
         match std::fs::remove_file(&tmp) {

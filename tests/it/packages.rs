@@ -139,6 +139,24 @@ async fn two_site_apps_get_two_versions_of_one_package_and_a_restart_builds_noth
     assert_eq!(versions(&valve, "old").await["bitops"][0].as_str(), Some(archived.as_str()));
 }
 
+/// A valve in `w` that publishes (the keys file holding `key_line`) beside
+/// a site of one static app, its package cache in `w/cache`.
+fn publishing_valve(w: &Path, key_line: &str) -> Valve {
+    std::fs::write(w.join("keys"), format!("{key_line}\n")).unwrap();
+    std::fs::create_dir_all(w.join("site/front")).unwrap();
+    std::fs::write(w.join("site/front/index.html"), "<h1>front</h1>").unwrap();
+    Valve::start(&[
+        "--site",
+        w.join("site").to_str().unwrap(),
+        "--publish-dir",
+        w.join("published").to_str().unwrap(),
+        "--publish-keys-file",
+        w.join("keys").to_str().unwrap(),
+        "--package-cache",
+        w.join("cache").to_str().unwrap(),
+    ])
+}
+
 /// A bundle as rsconnect sends it: a plumber API whose manifest names
 /// `packages` (name, version) from the repository at `url`.
 fn bundle(url: &str, packages: &[(&str, &str)]) -> Vec<u8> {
@@ -170,19 +188,7 @@ async fn a_published_bundle_gets_its_versions_a_redeploy_takes_them_from_the_cac
     let work = app_dir();
     let w = work.path();
     let (key, line) = new_key("laptop");
-    std::fs::write(w.join("keys"), format!("{line}\n")).unwrap();
-    std::fs::create_dir_all(w.join("site/front")).unwrap();
-    std::fs::write(w.join("site/front/index.html"), "<h1>front</h1>").unwrap();
-    let valve = Valve::start(&[
-        "--site",
-        w.join("site").to_str().unwrap(),
-        "--publish-dir",
-        w.join("published").to_str().unwrap(),
-        "--publish-keys-file",
-        w.join("keys").to_str().unwrap(),
-        "--package-cache",
-        w.join("cache").to_str().unwrap(),
-    ]);
+    let valve = publishing_valve(w, &line);
     let api = format!("{}/__api__", valve.admin_url());
     let auth = format!("Key {key}");
     let call = |method: reqwest::Method, path: &str| {
@@ -377,19 +383,7 @@ async fn rsconnect_publishes_an_api_with_a_package_version_the_server_lacks_and_
     std::fs::write(api.join("plumber.R"), API).unwrap();
 
     let (key, line) = new_key("ci");
-    std::fs::write(w.join("keys"), format!("{line}\n")).unwrap();
-    std::fs::create_dir_all(w.join("site/front")).unwrap();
-    std::fs::write(w.join("site/front/index.html"), "<h1>front</h1>").unwrap();
-    let valve = Valve::start(&[
-        "--site",
-        w.join("site").to_str().unwrap(),
-        "--publish-dir",
-        w.join("published").to_str().unwrap(),
-        "--publish-keys-file",
-        w.join("keys").to_str().unwrap(),
-        "--package-cache",
-        w.join("cache").to_str().unwrap(),
-    ]);
+    let valve = publishing_valve(w, &line);
     let admin = valve.admin_url();
     let (ok, said) = tokio::task::spawn_blocking({
         let (home, admin, key, api, lib) = (home.clone(), admin.clone(), key.clone(), api.clone(), lib.clone());
