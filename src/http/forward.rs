@@ -46,11 +46,12 @@ use super::head::{
 use super::reply::{error, redirect, ReplyBody};
 use super::resume::{self, Offer, Resumes};
 use super::router::Mounted;
+use super::seat::Seat;
 use super::spans;
-use crate::app::verdict::{after_exchange, Asked, Fate, Hold, Next, Outcome};
-use crate::app::{Lease, Sticky, Supervisor, Unavailable, WorkerId};
+use crate::app::verdict::{after_exchange, Asked, Hold, Next, Outcome};
+use crate::app::{Supervisor, Unavailable, WorkerId};
 use crate::metrics::Rejection;
-use crate::worker::{AnswerBody, Exit, SendError, SpoolDir, WireBody};
+use crate::worker::{AnswerBody, SendError, SpoolDir};
 
 /// The methods plumber routes and httpuv parses; anything else is answered here.
 const METHODS: [Method; 7] =
@@ -104,76 +105,6 @@ pub struct Forwarder {
 enum Answer {
     Whole(Payload),
     Stream(AnswerBody),
-}
-
-/// The worker a request holds: a lease (plumber: one R computation at a time) or
-/// the browser's sticky worker (Shiny: many sessions at once), and the
-/// connection the request goes on.
-enum Seat {
-    Lease(Lease),
-    Sticky(Sticky),
-}
-
-impl Seat {
-    fn worker(&self) -> WorkerId {
-        match self {
-            Seat::Lease(l) => l.worker,
-            Seat::Sticky(s) => s.worker,
-        }
-    }
-
-    fn waited(&self) -> Duration {
-        match self {
-            Seat::Lease(l) => l.waited,
-            Seat::Sticky(_) => Duration::ZERO,
-        }
-    }
-
-    async fn connect(&mut self, upgradable: bool) -> std::io::Result<()> {
-        match self {
-            Seat::Lease(l) => l.connect().await,
-            Seat::Sticky(s) => s.connect(upgradable).await,
-        }
-    }
-
-    async fn send(&mut self, req: Request<WireBody>) -> Result<Response<AnswerBody>, SendError> {
-        match self {
-            Seat::Lease(l) => l.send(req).await,
-            Seat::Sticky(s) => s.send(req).await,
-        }
-    }
-
-    /// Whether R left the request waiting on a promise (a lease's worker
-    /// then serves others); if not, it never counts as parked from now on.
-    fn parked(&self) -> bool {
-        match self {
-            Seat::Lease(l) => l.parked(),
-            Seat::Sticky(_) => false,
-        }
-    }
-
-    fn hold(&self) -> Hold {
-        match self {
-            Seat::Lease(_) => Hold::Lease,
-            Seat::Sticky(_) => Hold::Sticky,
-        }
-    }
-
-    /// Carries out what the verdict says becomes of the worker.
-    fn obey(&mut self, sup: &Arc<Supervisor>, fate: Fate) {
-        match (self, fate) {
-            (Seat::Lease(l), fate) => l.decided(fate),
-            (Seat::Sticky(s), Fate::Retire(reason)) => sup.retire(s.worker, reason),
-            (Seat::Sticky(_), _) => {}
-        }
-    }
-
-    async fn exit_within(&mut self, wait: Duration) -> Option<Exit> {
-        match self {
-            Seat::Lease(l) => l.exit_within(wait).await,
-            Seat::Sticky(s) => s.exit_within(wait).await,
-        }
-    }
 }
 
 impl Forwarder {

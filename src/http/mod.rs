@@ -17,5 +17,6 @@ pub mod identity;
 pub mod reply;
 pub mod resume;
 pub mod router;
+mod seat;
 pub mod server;
 mod spans;
