@@ -49,6 +49,7 @@ impl Admin {
                        "timeout_s": first.map(|m| m.config.queue_timeout.as_secs_f64()) },
             "history": first.map(|m| m.sup.metrics.history()).unwrap_or_default(),
             "apps": apps,
+            "not_served": self.not_served(),
             "config": self.config,
         });
         merge(&mut status, more);
@@ -62,7 +63,7 @@ impl Admin {
         mounted.sort_by(|a, b| a.config.name.cmp(&b.config.name));
         let apps: Vec<serde_json::Value> = mounted.into_iter().map(|m| self.app(m, Detail::Summary).0).collect();
         let mut out = self.valve();
-        merge(&mut out, serde_json::json!({ "apps": apps }));
+        merge(&mut out, serde_json::json!({ "apps": apps, "not_served": self.not_served() }));
         out
     }
 
@@ -71,6 +72,13 @@ impl Admin {
         let mut out = self.valve();
         merge(&mut out, serde_json::json!({ "app": self.app(m, Detail::Full).0 }));
         out
+    }
+
+    /// Configured apps that serve no version (their packages could not be
+    /// restored, or their first start failed), each with why.
+    fn not_served(&self) -> serde_json::Value {
+        let failed = self.reloader.get().map(|r| r.apps.not_served()).unwrap_or_default();
+        failed.into_iter().map(|(name, error)| serde_json::json!({ "name": name, "error": error })).collect()
     }
 
     /// What every status answer says of valve itself.

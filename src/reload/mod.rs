@@ -134,6 +134,9 @@ struct State {
     next: u64,
     /// Old generations winding down, with their app's path.
     winding: Vec<(Arc<Supervisor>, std::path::PathBuf)>,
+    /// Configured apps that serve no version: why (their packages' restore
+    /// or their first start failed). Status shows them.
+    failed: BTreeMap<String, String>,
 }
 
 /// An app that serves: its current generation and older ones still finishing.
@@ -275,7 +278,11 @@ impl Apps {
             state.site = Some(site.clone());
             for app in &config.apps {
                 let library = match libraries.get(&app.name) {
-                    Some(Err(_)) => continue, // said in its log; the others start
+                    Some(Err(e)) => {
+                        // Said in its log and status; the others start.
+                        state.failed.insert(app.name.clone(), e.clone());
+                        continue;
+                    }
                     Some(Ok(l)) => l.as_ref(),
                     None => None,
                 };
@@ -318,6 +325,11 @@ impl Apps {
     /// Changes each time an old generation stops.
     pub fn generations_ended(&self) -> tokio::sync::watch::Receiver<u64> {
         self.ended.subscribe()
+    }
+
+    /// Configured apps that serve no version, and why.
+    pub fn not_served(&self) -> Vec<(String, String)> {
+        self.lock().failed.iter().map(|(n, e)| (n.clone(), e.clone())).collect()
     }
 
     /// Current workers of every app, as the ready line and status show them.
@@ -392,6 +404,9 @@ impl Apps {
                     Ok(sup) => sup,
                     Err(e) => {
                         tracing::error!(app = %app.name, error = %e, "cannot start a new generation of the app");
+                        if !state.serving.contains_key(&app.name) {
+                            state.failed.insert(app.name.clone(), e.to_string());
+                        }
                         let path = app.source.path().to_path_buf();
                         let _ =
                             self.promoted.send(Promoted { app: app.name.clone(), path, result: Err(e.to_string()) });
@@ -422,6 +437,7 @@ impl Apps {
             let wanted: Vec<&str> = config.apps.iter().map(|a| a.name.as_str()).collect();
             // A removed app's log goes with it (its old workers' last lines reach valve's log only).
             self.registry.logs.retain(|name| wanted.contains(&name));
+            state.failed.retain(|name, _| wanted.contains(&name.as_str()));
             let gone: Vec<String> = state.serving.keys().filter(|n| !wanted.contains(&n.as_str())).cloned().collect();
             for name in gone {
                 if let Some(s) = state.serving.remove(&name) {
@@ -476,6 +492,7 @@ impl Apps {
         });
         match result {
             Ok(()) => {
+                state.failed.remove(name);
                 new.sup.set_n_min(n_min);
                 let old = state.serving.remove(name);
                 let mut older = Vec::new();
@@ -499,6 +516,9 @@ impl Apps {
             }
             Err(e) => {
                 let serving = state.serving.get(name).map(|s| (s.sup.clone(), s.config.n_min));
+                if serving.is_none() {
+                    state.failed.insert(name.to_string(), e.to_string());
+                }
                 tracing::error!(app = name, error = %e, output = ?e.tail(),
                     "the app's new version could not start{}", if serving.is_some() { "; the previous version keeps serving" } else { "; it is not served" });
                 drop(state);

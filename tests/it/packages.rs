@@ -19,6 +19,7 @@ function() {
   list(bitops = utils::packageDescription("bitops")$Version,
        and = bitops::bitAnd(12L, 10L),
        shiny = requireNamespace("shiny", quietly = TRUE),
+       shiny_loaded = "shiny" %in% loadedNamespaces(),
        paths = .libPaths())
 }
 "#;
@@ -78,7 +79,7 @@ async fn two_site_apps_get_two_versions_of_one_package_and_a_restart_builds_noth
     assert_eq!((old["bitops"][0].as_str(), old["and"][0].as_i64()), (Some(archived.as_str()), Some(8)), "{old}");
     assert_eq!(new["bitops"][0].as_str(), Some(current.as_str()), "{new}");
     // Only what it named (and what that needs): not the server's shiny.
-    assert_eq!(old["shiny"][0], false, "{old}");
+    assert_eq!((old["shiny"][0].as_bool(), old["shiny_loaded"][0].as_bool()), (Some(false), Some(false)), "{old}");
     let paths = old["paths"].to_string();
     assert!(!paths.contains("site-library"), "the server's site library is not on the app's paths: {paths}");
     let log = valve.log();
@@ -95,9 +96,17 @@ async fn two_site_apps_get_two_versions_of_one_package_and_a_restart_builds_noth
         "an older version comes from the Archive: {:?}",
         served.requests()
     );
+    // A fork of the warm parent serves them (what it loaded and they did
+    // not name unloaded first), not a fresh R.
+    assert!(!log.contains("start as fresh R"), "{log}");
     // What cannot be restored is named, and the other apps serve.
     assert!(log.contains("zeallot 9.9.9"), "{log}");
     assert_ne!(get(&valve.get("/gone/v")).await.0, 200);
+    // ... and the status and the dashboard's table say so, with why.
+    let apps: serde_json::Value =
+        client().get(format!("{}/__valve__/apps", valve.admin_url())).send().await.unwrap().json().await.unwrap();
+    let gone = apps["not_served"].as_array().and_then(|l| l.iter().find(|f| f["name"] == "gone"));
+    assert!(gone.is_some_and(|f| f["error"].as_str().is_some_and(|e| e.contains("zeallot"))), "{apps}");
     drop(valve);
 
     let before = fetched(&served).len();

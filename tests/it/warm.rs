@@ -147,6 +147,8 @@ fn each_fork_of_the_warm_parent_is_its_apps_own_worker_and_an_app_that_needs_a_f
         assert_eq!(about["renviron"], "api-own", "its .Renviron: {about}");
         assert_eq!(about["rprofile"], "api's own", "its .Rprofile: {about}");
         assert_eq!(about["env"], "config", "its env: {about}");
+        // R's byte-code JIT on, as in a fresh R (R's own fork turns it off).
+        assert_eq!(about["jit"], 3, "R's JIT level: {about}");
         if as_root() {
             assert_eq!(about["uid"], status_app(&v, "api")["uid"], "its own user: {about}");
             assert!(about["home"].as_str().unwrap().ends_with("/apps/api/home"), "its private home: {about}");
