@@ -70,7 +70,9 @@ impl Drop for Cuttable {
     }
 }
 
-/// Copies both ways until either side closes or the connection is cut.
+/// Copies both ways until both sides have closed (one side's close is passed
+/// on as a half-close, so what the other side still sends arrives: a
+/// browser's last WebSocket frame before it leaves) or the connection is cut.
 async fn relay(mut inbound: TcpStream, target: String, mut cut: watch::Receiver<u64>) {
     let Ok(mut outbound) = TcpStream::connect(&target).await else { return };
     let _ = inbound.set_nodelay(true);
@@ -81,31 +83,32 @@ async fn relay(mut inbound: TcpStream, target: String, mut cut: watch::Receiver<
         let mut buf = vec![0u8; 16 * 1024];
         loop {
             match ri.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
+                Ok(0) | Err(_) => break,
                 Ok(n) => {
                     if wo.write_all(&buf[..n]).await.is_err() {
-                        return;
+                        break;
                     }
                 }
             }
         }
+        let _ = wo.shutdown().await;
     };
     let down = async {
         let mut buf = vec![0u8; 16 * 1024];
         loop {
             match ro.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
+                Ok(0) | Err(_) => break,
                 Ok(n) => {
                     if wi.write_all(&buf[..n]).await.is_err() {
-                        return;
+                        break;
                     }
                 }
             }
         }
+        let _ = wi.shutdown().await;
     };
     tokio::select! {
-        _ = up => {}
-        _ = down => {}
+        _ = async { tokio::join!(up, down) } => {}
         _ = cut.changed() => {}
     }
     // Dropping both streams closes both connections.
