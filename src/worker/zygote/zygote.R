@@ -115,8 +115,8 @@ local({
   # R's byte-code JIT level: parallel's fork turns the JIT off in its child
   # (right for mclapply's short-lived children, not for a worker that lives
   # for hours). Each fork turns it back on at the parent's level: without it
-  # the app's and plumber's functions ran uncompiled, a plumber request
-  # about 1.5x as slow and the p99 of the seed's benchmark 1-3% over a fresh R's.
+  # the app's and plumber's functions ran uncompiled (a plumber request about
+  # 1.5x as slow, an R loop several times slower than in a fresh R).
   jit_level <- compiler::enableJIT(-1L)
   enter_lib <- Sys.getenv("VALVE_ENTER_LIB")
   dll <- dyn.load(enter_lib)
@@ -127,6 +127,12 @@ local({
   # Parsed once here; each fork evaluates it as source() would have.
   launcher_code <- parse(launcher, keep.source = FALSE)
   parent_libs <- normalizePath(.libPaths(), mustWork = FALSE)
+  # Where each package the parent loaded beyond R's own library came from
+  # (name -> folder), found once here for every fork.
+  r_own <- normalizePath(.Library, mustWork = FALSE)
+  parent_loaded <- vapply(setdiff(loadedNamespaces(), "base"),
+                          function(ns) normalizePath(getNamespaceInfo(ns, "path"), mustWork = FALSE), "")
+  parent_loaded <- parent_loaded[dirname(parent_loaded) != r_own]
   cat(sprintf("valve-zygote-ready %d %.3f %s\n", Sys.getpid(), as.numeric(Sys.time() - started, units = "secs"),
               paste(loaded, collapse = ",")))
   flush(stdout())
@@ -155,9 +161,9 @@ local({
     # The parent's own paths, in its order: every package is found where the
     # parent found it.
     if (identical(libs[dir.exists(libs)], parent_libs)) return(NULL)
-    for (ns in setdiff(loadedNamespaces(), "base")) {
-      loaded_at <- normalizePath(getNamespaceInfo(ns, "path"), mustWork = FALSE)
-      if (identical(dirname(loaded_at), normalizePath(.Library, mustWork = FALSE))) next
+    # (Those a fork unloaded are gone: nothing to compare.)
+    for (ns in intersect(names(parent_loaded), loadedNamespaces())) {
+      loaded_at <- parent_loaded[[ns]]
       first <- find.package(ns, lib.loc = libs, quiet = TRUE)
       # Not on its paths: an app with a library of its own did not name it
       # (unload_unnamed() takes it away), any other app may load it later.
@@ -178,11 +184,8 @@ local({
   # gone, else why not (then a fresh R).
   unload_unnamed <- function(libs) {
     if (!length(split_paths(Sys.getenv("VALVE_LIBRARY")))) return(NULL)
-    r_own <- normalizePath(.Library, mustWork = FALSE)
-    unnamed <- Filter(function(ns) {
-      at <- normalizePath(getNamespaceInfo(ns, "path"), mustWork = FALSE)
-      !identical(dirname(at), r_own) && length(find.package(ns, lib.loc = libs, quiet = TRUE)) == 0L
-    }, setdiff(loadedNamespaces(), "base"))
+    unnamed <- Filter(function(ns) length(find.package(ns, lib.loc = libs, quiet = TRUE)) == 0L,
+                      names(parent_loaded))
     for (round in seq_along(unnamed)) {
       left <- intersect(unnamed, loadedNamespaces())
       if (!length(left)) break
