@@ -184,7 +184,8 @@ impl<'a> Cx<'a> {
         let server = self.server(&apps, base, private, publish?)?;
         let mut said = Default::default();
         if let Some(range) = self.uid_range() {
-            let store = Store { dir: server.state_dir.clone(), record: !self.args.check };
+            let publish_dir = server.publish.as_ref().map(|p| p.dir.as_path());
+            let store = Store::of_site(&server.state_dir, publish_dir, !self.args.check);
             let published = PublishedCheck {
                 dir: server.publish.as_ref().map(|p| p.dir.as_path()),
                 checked: self.candidate.filter(|c| c.checked).map(|c| c.app.as_str()),

@@ -1,6 +1,10 @@
 //! The app uid table on disk: `STATE_DIR/uids` (`NAME UID` a line, mode
 //! 0600) and the key that places a new name (`STATE_DIR/uids.key`, 0600,
-//! made when a first new name needs it). Read at start and at each reload,
+//! made when a first new name needs it). With publishing on, both live in
+//! `publish_dir` instead, which replicas share: every valve serving the site
+//! gives an app the same uid, so a version one of them gave to its app's
+//! group is readable by that app on all of them (moved there once from the
+//! state folder, where a valve before this one kept them). Read at start and at each reload,
 //! written only when a name is new (temporary file, fsync, rename), never
 //! under `--check`. The decisions are `uids`'; this is their edge on the disk.
 
@@ -18,6 +22,11 @@ pub struct Store {
     pub dir: PathBuf,
     /// False under `--check`: read, say what would be given, write nothing.
     pub record: bool,
+    /// Where the table was kept before (the state folder, when it is now
+    /// in `publish_dir`): read from there until it is written here.
+    pub moved_from: Option<PathBuf>,
+    /// The folder's setting, in messages.
+    pub label: &'static str,
 }
 
 /// Said about the uids when a configuration is loaded.
@@ -39,8 +48,44 @@ pub struct Assigned {
 }
 
 impl Store {
+    /// The table of a site: in `publish_dir` if publishing is on, else in `state_dir`.
+    pub fn of_site(state_dir: &Path, publish_dir: Option<&Path>, record: bool) -> Store {
+        match publish_dir {
+            Some(p) => {
+                Store { dir: p.to_path_buf(), record, moved_from: Some(state_dir.to_path_buf()), label: "publish_dir" }
+            }
+            None => Store { dir: state_dir.to_path_buf(), record, moved_from: None, label: "state_dir" },
+        }
+    }
+
     fn table_path(&self) -> PathBuf {
         self.dir.join("uids")
+    }
+
+    /// Moves (copies, then leaves as they were) the table and its key from
+    /// where a valve before kept them, if they are not here yet.
+    fn move_in(&self) -> Result<Option<String>, String> {
+        let Some(old) = &self.moved_from else { return Ok(None) };
+        if self.table_path().exists() || !old.join("uids").exists() {
+            return Ok(None);
+        }
+        for name in ["uids.key", "uids"] {
+            let (from, to) = (old.join(name), self.dir.join(name));
+            if !from.exists() || to.exists() {
+                continue;
+            }
+            let tmp = self.dir.join(format!("{name}.tmp.{}", std::process::id()));
+            std::fs::copy(&from, &tmp)
+                .and_then(|_| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)))
+                .and_then(|()| std::fs::rename(&tmp, &to))
+                .map_err(|e| format!("cannot move {} to {}: {e}", from.display(), to.display()))?;
+        }
+        Ok(Some(format!(
+            "app uids: the table moved from {} to {}, where every valve sharing {} reads it",
+            old.display(),
+            self.dir.display(),
+            self.label
+        )))
     }
 
     /// Gives each of `own` its uid; `taken` says a uid is a user of the
@@ -57,10 +102,13 @@ impl Store {
         // Valves sharing a state folder (two on one host, or replicas) take
         // turns: each reads, gives and writes the table whole under the lock.
         let _turn = if self.record { Some(self.lock()?) } else { None };
-        let found = self.read_table(&path)?;
+        let moved = if self.record { self.move_in()? } else { None };
+        let unmoved = self.moved_from.as_ref().map(|d| d.join("uids")).filter(|p| !path.exists() && p.exists());
+        let found = self.read_table(unmoved.as_deref().unwrap_or(&path))?;
         let seeded = found.is_none();
         let mut table = found.unwrap_or_else(|| uids::seed(names, own, range));
         let mut said = UidNotes::default();
+        said.notes.extend(moved);
         let new_names = own.iter().any(|n| !table.contains_key(*n));
         let key_path = self.dir.join("uids.key");
         let (key, provisional) = if !new_names {
@@ -128,7 +176,7 @@ impl Store {
                 return Err(format!("{what} {}: cannot read it: {e} (a symbolic link is not followed)", path.display()))
             }
         };
-        secret_file::check(&self.dir, "state_dir", Holds::NoSecret)?;
+        secret_file::check(&self.dir, self.label, Holds::NoSecret)?;
         let meta = file.metadata().map_err(|e| format!("{what} {}: {e}", path.display()))?;
         secret_file::judge_meta(path, what, &meta, Holds::NoSecret)?;
         let mut text = String::new();
@@ -146,7 +194,7 @@ impl Store {
         if !self.dir.exists() {
             std::fs::create_dir_all(&self.dir)
                 .and_then(|()| std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o711)))
-                .map_err(|e| format!("state_dir {}: cannot create it: {e}", self.dir.display()))?;
+                .map_err(|e| format!("{} {}: cannot create it: {e}", self.label, self.dir.display()))?;
         }
         Ok(())
     }
@@ -175,7 +223,7 @@ impl Store {
     fn write_table(&self, path: &Path, table: &Table) -> Result<(), String> {
         let bad = |e: std::io::Error| format!("the app uid table {}: cannot write it: {e}", path.display());
         self.make_dir()?;
-        secret_file::check(&self.dir, "state_dir", Holds::NoSecret)?;
+        secret_file::check(&self.dir, self.label, Holds::NoSecret)?;
         let tmp = self.dir.join(format!("uids.tmp.{}", std::process::id()));
         match std::fs::remove_file(&tmp) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(bad(e)),
@@ -203,11 +251,11 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let dir = d.path().join("state");
         let range = (5000, 5999);
-        let check = Store { dir: dir.clone(), record: false };
+        let check = Store::of_site(&dir, None, false);
         let a = check.assign(&["api", "site"], &["api"], range, &|_| false).unwrap();
         assert!(!dir.exists(), "--check writes nothing, not even the folder");
         assert!(a.said.notes[0].contains("would be recorded"), "{:?}", a.said);
-        let store = Store { dir: dir.clone(), record: true };
+        let store = Store::of_site(&dir, None, true);
         let b = store.assign(&["api", "site"], &["api"], range, &|_| false).unwrap();
         assert_eq!(a.uids, b.uids, "what --check says is what start gives");
         assert_eq!(
@@ -233,5 +281,23 @@ mod tests {
         std::fs::set_permissions(dir.join("uids"), std::fs::Permissions::from_mode(0o600)).unwrap();
         let e = store.assign(&["new"], &["new"], range, &|_| false).err().unwrap();
         assert!(e.contains(":1: ") && e.contains("backup"), "{e}");
+    }
+
+    #[test]
+    fn with_publishing_the_table_moves_to_publish_dir_once_and_two_valves_sharing_it_give_one_uid() {
+        let d = tempfile::tempdir().unwrap();
+        let (state, other, shared) = (d.path().join("state"), d.path().join("other"), d.path().join("published"));
+        let range = (5000, 5999);
+        // Given before publishing shared the table: in the state folder.
+        let before = Store::of_site(&state, None, true).assign(&["api"], &["api"], range, &|_| false).unwrap();
+        let store = Store::of_site(&state, Some(&shared), true);
+        let moved = store.assign(&["api", "pub"], &["api", "pub"], range, &|_| false).unwrap();
+        assert_eq!(moved.uids["api"], before.uids["api"], "a uid never moves");
+        assert!(moved.said.notes.iter().any(|n| n.contains("moved from")), "{:?}", moved.said);
+        assert!(shared.join("uids").exists() && shared.join("uids.key").exists());
+        // Another valve, another state folder, the same publish_dir: the same uids.
+        let there = Store::of_site(&other, Some(&shared), true).assign(&["pub"], &["pub"], range, &|_| false).unwrap();
+        assert_eq!(there.uids["pub"], moved.uids["pub"]);
+        assert!(!other.join("uids").exists(), "nothing kept apart in its own state folder");
     }
 }

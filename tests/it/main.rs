@@ -24,6 +24,7 @@ mod publish;
 mod published;
 mod reconnect;
 mod reliability;
+mod replicas;
 mod rmarkdown;
 mod rootsafe;
 mod rules;

@@ -16,7 +16,7 @@ use crate::publish::{follow, get, new_key, tarball};
 
 /// A folder holding `valve.toml` (publishing on, with `extra` and
 /// `apps`) and a keys file of `keys` (name, marker): (folder, keys by name).
-fn site(extra: &str, apps: &str, keys: &[(&str, &str)]) -> (tempfile::TempDir, Vec<(String, String)>) {
+pub(crate) fn site(extra: &str, apps: &str, keys: &[(&str, &str)]) -> (tempfile::TempDir, Vec<(String, String)>) {
     let dir = app_dir();
     let w = dir.path();
     let mut lines = String::new();
@@ -42,7 +42,7 @@ fn site(extra: &str, apps: &str, keys: &[(&str, &str)]) -> (tempfile::TempDir, V
 }
 
 /// A publishing call with key `key`: (status, JSON body).
-async fn call(admin: &str, key: &str, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+pub(crate) async fn call(admin: &str, key: &str, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
     let mut req =
         client().request(method, format!("{admin}/__api__{path}")).header("Authorization", format!("Key {key}"));
     if let Some(b) = body {
@@ -53,7 +53,7 @@ async fn call(admin: &str, key: &str, method: Method, path: &str, body: Option<V
     (status, resp.json().await.unwrap_or(Value::Null))
 }
 
-async fn upload(admin: &str, key: &str, guid: &str, bundle: Vec<u8>) -> (u16, Value) {
+pub(crate) async fn upload(admin: &str, key: &str, guid: &str, bundle: Vec<u8>) -> (u16, Value) {
     let resp = client()
         .post(format!("{admin}/__api__/v1/content/{guid}/bundles"))
         .header("Authorization", format!("Key {key}"))
@@ -66,14 +66,14 @@ async fn upload(admin: &str, key: &str, guid: &str, bundle: Vec<u8>) -> (u16, Va
 }
 
 /// Creates app `name` as `key`: its guid.
-async fn create(admin: &str, key: &str, name: &str) -> String {
+pub(crate) async fn create(admin: &str, key: &str, name: &str) -> String {
     let (code, body) = call(admin, key, Method::POST, "/v1/content", Some(json!({ "name": name }))).await;
     assert_eq!(code, 201, "{body}");
     body["guid"].as_str().unwrap().to_string()
 }
 
 /// Uploads `bundle` and deploys it as `key`: the version number.
-async fn publish(admin: &str, key: &str, guid: &str, bundle: Vec<u8>) -> String {
+pub(crate) async fn publish(admin: &str, key: &str, guid: &str, bundle: Vec<u8>) -> String {
     let (code, b) = upload(admin, key, guid, bundle).await;
     assert_eq!(code, 200, "{b}");
     let version = b["id"].as_str().unwrap().to_string();
@@ -136,7 +136,10 @@ async fn a_key_cannot_take_a_configured_apps_paths_nor_change_another_keys_app()
     let open = json!({ "allow_users": ["bob"] });
     let (code, _) = call(&admin, bob, Method::PATCH, &format!("/v1/content/{guid}"), Some(open)).await;
     assert_eq!(code, 403);
-    let (code, _) = call(&admin, bob, Method::GET, "/v1/tasks/1?first=0", None).await;
+    let again = json!({ "bundle_id": "1" });
+    let (_, t) = call(&admin, ann, Method::POST, &format!("/v1/content/{guid}/deploy"), Some(again)).await;
+    let task = t["task_id"].as_str().unwrap().to_string();
+    let (code, _) = call(&admin, bob, Method::GET, &format!("/v1/tasks/{task}?first=0"), None).await;
     assert_eq!(code, 403, "a deployment's log is its app's");
     assert_eq!(get(&valve.get("/notes/")).await, (200, "ann's notes".into()), "bob changed nothing");
     // An admin key may act on it.
@@ -187,7 +190,7 @@ async fn a_bundle_of_deep_paths_is_refused_at_its_limits() {
 
 /// A plumber API answering its version; `/hold` answers once the file
 /// `release` is in its home.
-fn held_api(version: u32) -> Vec<u8> {
+pub(crate) fn held_api(version: u32) -> Vec<u8> {
     let api = format!(
         "#* @get /version\nfunction() {version}\n\n#* @get /hold\nfunction() {{\n  while (!file.exists(file.path(Sys.getenv(\"HOME\"), \"release\"))) Sys.sleep(0.05)\n  {version}\n}}\n"
     );

@@ -199,14 +199,14 @@ async fn create(
     let configured = p.reloader.apps.configs();
     let configured: Vec<AppConfig> = configured.into_iter().filter(|a| !published.contains(&a.name)).collect();
     let taken = |name: &str| clash(name, &configured).map(|with| clash_reason(name, with));
-    let mut record = p.locked(|s| store::create(s, &name, &title, key, taken))?;
+    let mut record = p.writing(|s| store::create(s, &name, &title, key, taken))?;
     if p.modes == Modes::Group {
         let dir = crate::config::publish::app_dir(&p.settings.dir, &name);
         store::unlisted(&dir).map_err(|e| Fail::io(&format!("cannot make {} unlisted", dir.display()), e))?;
     }
     let (users, groups) = lists(&body)?;
     if users.is_some() || groups.is_some() {
-        record = p.locked(|s| store::set_access(s, &name, users, groups))?;
+        record = p.writing(|s| store::set_access(s, &name, users, groups))?;
     }
     tracing::info!(target: "valve::publish", key, app = %name, "app created");
     p.refresh();
@@ -226,7 +226,7 @@ async fn access(
     may_change(caller, &record)?;
     let body = json_body(req).await?;
     let (users, groups) = lists(&body)?;
-    let record = p.locked(|s| store::set_access(s, &record.name, users, groups))?;
+    let record = p.writing(|s| store::set_access(s, &record.name, users, groups))?;
     p.reloader.reload().await.map_err(|e| {
         Fail::new(
             StatusCode::CONFLICT,
@@ -289,7 +289,7 @@ async fn upload(
         .map_err(|e| Fail::io("cannot store the upload", e))?
         .into_temp_path();
     let size = save_body(req, &tmp, p.settings.max_size).await?;
-    let n = p.locked(|s| store::next_version(s, &record.name))?;
+    let n = p.writing(|s| store::next_version(s, &record.name))?;
     let (settings, name, key_name, path, modes) =
         (p.settings.clone(), record.name.clone(), key.to_string(), tmp.to_path_buf(), p.modes);
     let unpacked =
@@ -306,7 +306,7 @@ async fn upload(
     };
     tracing::info!(target: "valve::publish", key, app = %record.name, version = n, bytes = size,
         files = version.files, kind = %version.kind, "bundle unpacked and checked");
-    p.locked(|s| store::add_version(s, &record.name, version.clone()))?;
+    p.writing(|s| store::add_version(s, &record.name, version.clone()))?;
     // Uploads never deployed count against publish_keep too.
     let pruner = p.clone();
     let _ = tokio::task::spawn_blocking(move || pruner.prune_all()).await;
@@ -362,14 +362,18 @@ async fn task(
     caller: &Caller,
     shape: Shape,
 ) -> Result<Response<ReplyBody>, Fail> {
-    let task = id.parse().ok().and_then(|n| p.tasks.get(n)).ok_or_else(|| {
+    // This valve's task, or one another valve sharing publish_dir runs or ran.
+    let number: Option<u64> = id.parse().ok();
+    let local = number.and_then(|n| p.tasks.get(n));
+    let app = local.as_ref().map(|t| t.app.clone()).or_else(|| number.and_then(|n| p.tasks.shared_app(n)));
+    let app = app.ok_or_else(|| {
         Fail::new(
             StatusCode::NOT_FOUND,
             format!("no task {id:?} (valve keeps the last {} tasks)", super::tasks::MAX_TASKS),
         )
     })?;
     if !caller.admin {
-        let record = p.locked(|s| store::by_name(s, &task.app))?;
+        let record = p.locked(|s| store::by_name(s, &app))?;
         may_change(caller, &record)?;
     }
     let q = pairs(query);
@@ -378,7 +382,14 @@ async fn task(
         Shape::Classic => (get("first_status").unwrap_or(0.0), 0.0),
         Shape::V1 => (get("first").unwrap_or(0.0), get("wait").unwrap_or(0.0)),
     };
-    let page = task.page(first.max(0.0) as usize, Duration::from_secs_f64(wait.clamp(0.0, 30.0))).await;
+    let (first, wait) = (first.max(0.0) as usize, Duration::from_secs_f64(wait.clamp(0.0, 30.0)));
+    let shared = async { p.tasks.shared_page(number.unwrap_or_default(), first, wait).await };
+    let page = match local {
+        Some(task) => task.page(first, wait).await,
+        None => shared
+            .await
+            .ok_or_else(|| Fail::new(StatusCode::NOT_FOUND, format!("task {id:?} was removed while it was read")))?,
+    };
     Ok(json(
         StatusCode::OK,
         match shape {

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::lease;
 use super::publisher::Publisher;
 use super::store::{self, Fail};
 use super::tasks::Task;
@@ -23,6 +24,17 @@ use crate::worker::sandbox::Site;
 /// The most a deployment waits for its new generation beyond the app's
 /// start timeout (a render, the first worker's warm-up).
 const SWITCH_SLACK: Duration = Duration::from_secs(60);
+
+/// The lease in an app's folder that one deployment of it holds.
+pub const DEPLOY_LOCK: &str = ".deploy.lock";
+
+/// A deployment's lease unrenewed this long was left by a valve that died
+/// (its holder renews it every `lease::RENEW`).
+const DEPLOY_STALE: Duration = Duration::from_secs(10);
+
+/// The longest a deployment waits for another valve's of the same app (one
+/// that restores packages from source may take minutes).
+const DEPLOY_WAIT: Duration = Duration::from_secs(30 * 60);
 
 /// What is wrong with the packages of a bundle: each one missing or at
 /// another version than `rule` allows, with the version wanted and found.
@@ -47,11 +59,24 @@ pub fn package_problems(
 /// Runs the deployment of version `version` of app `name` for `key`,
 /// saying each step in `task`, and finishes the task.
 pub async fn run(publisher: Arc<Publisher>, task: Arc<Task>, name: String, version: u32, key: String) {
+    // One deployment of an app at a time among the valves sharing publish_dir, then one at a time here.
+    let lock = app_dir(&publisher.settings.dir, &name).join(DEPLOY_LOCK);
+    let says = |holder: &str| task.say(format!("Waiting for a deployment of {name} by {holder} to finish"));
+    let mut lease = match lease::take(&lock, DEPLOY_STALE, DEPLOY_WAIT, says).await {
+        Ok(l) => l,
+        Err(e) => {
+            publisher.counted(&name, false);
+            task.finish(Err(format!("{e}; nothing changed")));
+            return;
+        }
+    };
+    lease.keep_renewed();
     if publisher.deploying.try_lock().is_err() {
         task.say("Waiting for another deployment to finish");
     }
     let _one = publisher.deploying.lock().await;
     let result = deploy(&publisher, &task, &name, version, &key).await;
+    drop(lease);
     publisher.counted(&name, result.is_ok());
     publisher.refresh();
     task.finish(result);
@@ -106,12 +131,12 @@ async fn deploy(
     }
     // Switch: the record names the version, and valve reloads.
     let mut told = publisher.reloader.apps.promotions();
-    let previous = publisher.locked(|p| store::activate(p, name, Some(version), key)).map_err(|f| f.message)?;
+    let previous = publisher.writing(|p| store::activate(p, name, Some(version), key)).map_err(|f| f.message)?;
     task.say(format!("Starting version {version}'s workers beside the serving version"));
     let revert = |why: String| {
         let publisher = publisher.clone();
         async move {
-            let restored = publisher.locked(|p| store::activate(p, name, previous, key)).map(|_| ());
+            let restored = publisher.writing(|p| store::activate(p, name, previous, key)).map(|_| ());
             let _ = publisher.reloader.reload().await;
             match (previous, restored) {
                 (_, Err(Fail { message, .. })) => format!("{why}; and the record could not be restored: {message}"),
@@ -145,7 +170,7 @@ async fn deploy(
         Ok(()) => {
             task.say("The new version serves: switched (the previous version finishes its requests and sessions)");
             let in_use = publisher.reloader.apps.paths_in_use();
-            match publisher.locked(|p| store::prune(p, name, &in_use)) {
+            match publisher.writing(|p| store::prune(p, name, &in_use)) {
                 Ok(removed) if !removed.is_empty() => {
                     task.say(format!("Removed old versions {removed:?} (publish_keep = {})", p.keep))
                 }

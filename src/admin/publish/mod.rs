@@ -5,23 +5,27 @@
 //! listener alone also has valve's own `/__valve__/published/` pages (versions,
 //! activate, access) that the `valve` subcommands use.
 //!
-//! Its rooms, from the bottom: `unpack` (a bundle unpacked safely), `store`
-//! (writes to `publish_dir`), `tasks` (the deployment logs clients follow),
+//! Its rooms, from the bottom: `unpack` (a bundle unpacked safely), `lease`
+//! (a lock the valves sharing `publish_dir` agree on), `store` (writes to
+//! `publish_dir`), `tasks` (the deployment logs clients follow, shared),
 //! `wire` (bodies and JSON answers), `publisher` (the state: settings, keys,
 //! locks, the summary behind the status page and metrics), `deploy` (a
 //! deployment, which is a reload), `api` (the HTTP calls clients make, both
 //! the ones rsconnect 0.8 makes and the `v1` ones of rsconnect 1.x),
-//! `pages` (valve's own pages of published apps), and apart `cli` (the
-//! subcommands' client).
+//! `pages` (valve's own pages of published apps), `watch` (what other
+//! valves sharing `publish_dir` deployed, served here too), and apart
+//! `cli` (the subcommands' client).
 
 mod api;
 pub mod cli;
 mod deploy;
+mod lease;
 mod pages;
 mod publisher;
 mod store;
 mod tasks;
 mod unpack;
+mod watch;
 mod wire;
 
 use std::sync::Arc;

@@ -116,7 +116,7 @@ async fn access(p: &Arc<Publisher>, req: Request<Incoming>, name: &str) -> Resul
     p.locked(|s| store::by_name(s, name))?;
     let body = json_body(req).await?;
     let (users, groups) = lists(&body)?;
-    let record = p.locked(|s| store::set_access(s, name, users, groups))?;
+    let record = p.writing(|s| store::set_access(s, name, users, groups))?;
     let applied = p.reloader.reload().await;
     Ok(json(
         StatusCode::OK,

@@ -11,11 +11,25 @@ use std::time::SystemTime;
 
 use http::HeaderMap;
 
+use super::lease;
 use super::store;
 use super::tasks::Tasks;
 use super::unpack::Modes;
 use crate::config::publish::{read_keys, PublishKeys, Publishing};
 use crate::reload::Reloader;
+
+/// Where deployments' logs are shared in `publish_dir`.
+pub const TASKS: &str = ".tasks";
+
+/// The lease in `publish_dir` around each change of the records.
+pub const RECORDS_LOCK: &str = ".records.lock";
+
+/// A records lease unchanged this long was left by a valve that died (a
+/// change of the records takes milliseconds, removing an old version seconds).
+const RECORDS_STALE: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// The longest a change of the records waits for another valve's.
+const RECORDS_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Where valve's own pages of published apps live (admin listener only).
 pub const PAGES: &str = "/__valve__/published/";
@@ -121,10 +135,11 @@ impl Publisher {
         if modes == Modes::Group {
             lock_down(&settings, &started.apps);
         }
+        let tasks = Tasks::shared_in(settings.dir.join(TASKS));
         let p = Arc::new(Publisher {
             settings,
             keys: Mutex::new((modified, keys)),
-            tasks: Tasks::default(),
+            tasks,
             reloader,
             base_url: crate::http::server::display_addr(addr),
             records: Mutex::new(()),
@@ -135,6 +150,7 @@ impl Publisher {
         });
         p.refresh();
         p.prune_when_generations_end();
+        p.watch_records();
         p
     }
 
@@ -145,7 +161,7 @@ impl Publisher {
         let in_use = self.reloader.apps.paths_in_use();
         let names: Vec<String> = self.locked(store::all).unwrap_or_default().into_iter().map(|r| r.name).collect();
         for name in names {
-            match self.locked(|s| store::prune(s, &name, &in_use)) {
+            match self.writing(|s| store::prune(s, &name, &in_use)) {
                 Ok(removed) if !removed.is_empty() => tracing::info!(target: "valve::publish", app = %name,
                     versions = ?removed, keep = self.settings.keep, "old published versions removed"),
                 Ok(_) => {}
@@ -199,6 +215,16 @@ impl Publisher {
     /// Runs `f` on the settings with the records lock held.
     pub(super) fn locked<T>(&self, f: impl FnOnce(&Publishing) -> T) -> T {
         let _one = self.records.lock().unwrap_or_else(|p| p.into_inner());
+        f(&self.settings)
+    }
+
+    /// Runs a read-modify-write `f` of the records with the records lock
+    /// held, in this valve and, through a lease in `publish_dir`, among all
+    /// the valves that share it.
+    pub(super) fn writing<T>(&self, f: impl FnOnce(&Publishing) -> Result<T, store::Fail>) -> Result<T, store::Fail> {
+        let _one = self.records.lock().unwrap_or_else(|p| p.into_inner());
+        let _all = lease::take_blocking(&self.settings.dir.join(RECORDS_LOCK), RECORDS_STALE, RECORDS_WAIT)
+            .map_err(|e| store::Fail::new(http::StatusCode::SERVICE_UNAVAILABLE, e))?;
         f(&self.settings)
     }
 

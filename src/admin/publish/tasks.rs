@@ -2,8 +2,16 @@
 //! far (read from line `first` on), finished or not, the exit code and the
 //! error. Bounded: at most `MAX_LINES` lines a task (the rest is counted,
 //! not kept) and `MAX_TASKS` tasks (the oldest finished ones go first).
+//!
+//! Each task's log is also written, line by line, to `publish_dir/.tasks/`
+//! (JSON lines: the app, then each line, then how it ended), so that a
+//! client publishing through a balancer without affinity reads it from
+//! whichever valve sharing `publish_dir` answers; ids are random, never
+//! the same on two valves.
 
 use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,6 +34,8 @@ pub struct Task {
     pub app: String,
     state: Mutex<State>,
     changed: Notify,
+    /// Where its log is written for the other valves (none: nowhere).
+    file: Option<PathBuf>,
 }
 
 #[derive(Default, Clone)]
@@ -55,6 +65,7 @@ impl Task {
         tracing::info!(target: "valve::publish", task = self.id, line = %line, "deployment");
         let mut s = self.lock();
         if s.lines.len() < MAX_LINES {
+            self.append(&serde_json::json!({ "line": line }));
             s.lines.push(line);
         } else {
             s.dropped += 1;
@@ -75,6 +86,7 @@ impl Task {
             Ok(_) => (0, String::new()),
             Err(e) => (1, e),
         };
+        self.append(&serde_json::json!({ "finished": true, "code": s.code, "error": s.error }));
         drop(s);
         self.changed.notify_waiters();
     }
@@ -109,33 +121,131 @@ impl Task {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// One line of the shared log (a failure is logged once and the rest is
+    /// kept here only: the client of this valve still reads it all).
+    fn append(&self, entry: &serde_json::Value) {
+        let Some(file) = &self.file else { return };
+        let written = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(file)
+            .and_then(|mut f| f.write_all(format!("{entry}\n").as_bytes()));
+        if let Err(e) = written {
+            tracing::warn!(target: "valve::publish", task = self.id, file = %file.display(), error = %e,
+                "cannot write a deployment's log where the other valves sharing publish_dir read it");
+        }
+    }
+}
+
+/// A task's log as another valve wrote it: the app, and the page from `first` on.
+fn read_shared(file: &Path, first: usize) -> Option<(String, Page)> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let mut lines = text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok());
+    let app = lines.next()?["app"].as_str()?.to_string();
+    let mut page = Page { lines: Vec::new(), last: 0, finished: false, code: 0, error: String::new() };
+    for entry in lines {
+        if let Some(line) = entry["line"].as_str() {
+            if page.last >= first {
+                page.lines.push(line.to_string());
+            }
+            page.last += 1;
+        } else if entry["finished"].as_bool() == Some(true) {
+            page.finished = true;
+            page.code = entry["code"].as_i64().unwrap_or(1) as i32;
+            page.error = entry["error"].as_str().unwrap_or_default().to_string();
+        }
+    }
+    Some((app, page))
 }
 
 /// Every task kept, by id.
 #[derive(Default)]
 pub struct Tasks {
-    inner: Mutex<(u64, BTreeMap<u64, Arc<Task>>)>,
+    inner: Mutex<BTreeMap<u64, Arc<Task>>>,
+    /// Where the logs are shared (`publish_dir/.tasks`; none: not shared).
+    shared: Option<PathBuf>,
+}
+
+/// A new task id: random, below 2^53 (a number JSON clients keep exactly), never 0.
+fn new_id() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
+    (u64::from_le_bytes(b) >> 11).max(1)
 }
 
 impl Tasks {
+    /// Tasks whose logs are shared in `dir` (made if missing).
+    pub fn shared_in(dir: PathBuf) -> Tasks {
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::warn!(target: "valve::publish", dir = %dir.display(), error = %e,
+                "cannot make the folder where deployments' logs are shared; other valves will not read them");
+        }
+        Tasks { inner: Mutex::default(), shared: Some(dir) }
+    }
+
     /// A new task deploying `app` (the oldest finished one goes when `MAX_TASKS` are kept).
     pub fn start(&self, app: &str) -> Arc<Task> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner.0 += 1;
-        let id = inner.0;
-        if inner.1.len() >= MAX_TASKS {
-            let oldest = inner.1.iter().find(|(_, t)| t.finished()).or(inner.1.iter().next()).map(|(id, _)| *id);
+        let mut id = new_id();
+        while inner.contains_key(&id) {
+            id = new_id();
+        }
+        if inner.len() >= MAX_TASKS {
+            let oldest = inner.iter().find(|(_, t)| t.finished()).or(inner.iter().next()).map(|(id, _)| *id);
             if let Some(old) = oldest {
-                inner.1.remove(&old);
+                inner.remove(&old);
             }
         }
-        let task = Arc::new(Task { id, app: app.to_string(), ..Task::default() });
-        inner.1.insert(id, task.clone());
+        let file = self.shared.as_ref().map(|d| d.join(format!("{id}.jsonl")));
+        let task = Arc::new(Task { id, app: app.to_string(), file, ..Task::default() });
+        task.append(&serde_json::json!({ "app": app, "valve": super::lease::holder_name() }));
+        inner.insert(id, task.clone());
+        drop(inner);
+        if let Some(dir) = &self.shared {
+            forget_old(dir);
+        }
         task
     }
 
     pub fn get(&self, id: u64) -> Option<Arc<Task>> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).1.get(&id).cloned()
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
+    }
+
+    /// The app of a task another valve sharing `publish_dir` runs or ran.
+    pub fn shared_app(&self, id: u64) -> Option<String> {
+        read_shared(&self.shared.as_ref()?.join(format!("{id}.jsonl")), usize::MAX).map(|(app, _)| app)
+    }
+
+    /// A page of another valve's task, as `Task::page` reads one of this
+    /// valve's (a wait looks at the shared log every quarter second).
+    pub async fn shared_page(&self, id: u64, first: usize, wait: Duration) -> Option<Page> {
+        let file = self.shared.as_ref()?.join(format!("{id}.jsonl"));
+        let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
+        loop {
+            let (_, page) = read_shared(&file, first)?;
+            if page.finished || page.last > first || tokio::time::Instant::now() >= deadline {
+                return Some(page);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// Keeps the newest `MAX_TASKS` shared logs (by their last change).
+fn forget_old(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let mut logs: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .filter(|(_, p)| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    if logs.len() <= MAX_TASKS {
+        return;
+    }
+    logs.sort();
+    for (_, old) in &logs[..logs.len() - MAX_TASKS] {
+        let _ = std::fs::remove_file(old);
     }
 }
 
@@ -182,6 +292,31 @@ mod tests {
             tasks.start("api");
         }
         assert!(tasks.get(first.id).is_none(), "the oldest finished task went");
-        assert_eq!(tasks.inner.lock().unwrap().1.len(), MAX_TASKS);
+        assert_eq!(tasks.inner.lock().unwrap().len(), MAX_TASKS);
+    }
+
+    #[tokio::test]
+    async fn another_valve_reads_a_tasks_log_from_the_shared_folder_and_old_logs_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let here = Tasks::shared_in(dir.path().join(".tasks"));
+        let there = Tasks::shared_in(dir.path().join(".tasks"));
+        let t = here.start("api");
+        t.say("unpacked");
+        assert!(there.get(t.id).is_none(), "not in the other valve's memory");
+        assert_eq!(there.shared_app(t.id).as_deref(), Some("api"));
+        let p = there.shared_page(t.id, 0, Duration::ZERO).await.unwrap();
+        assert_eq!((p.lines.clone(), p.last, p.finished), (vec!["unpacked".to_string()], 1, false));
+        let id = t.id;
+        let waiter = tokio::spawn(async move { there.shared_page(id, 1, Duration::from_secs(10)).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        t.finish(Err("nothere is not installed".into()));
+        let p = waiter.await.unwrap().unwrap();
+        assert_eq!(p.lines, ["Error: nothere is not installed"]);
+        assert_eq!((p.finished, p.code, p.last), (true, 1, 2));
+        for _ in 0..MAX_TASKS + 5 {
+            here.start("api");
+        }
+        let kept = std::fs::read_dir(dir.path().join(".tasks")).unwrap().count();
+        assert_eq!(kept, MAX_TASKS, "the oldest shared logs went");
     }
 }

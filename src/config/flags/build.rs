@@ -143,7 +143,8 @@ impl Args {
     fn settle(&self, config: &mut Config, checked: Option<&str>) -> Result<(), ConfigError> {
         let range =
             parse_uid_range(&self.uid_range).map_err(|why| ConfigError::Isolation(format!("--uid-range {why}")))?;
-        let store = Store { dir: config.server.state_dir.clone(), record: !self.check };
+        let publish_dir = config.server.publish.as_ref().map(|p| p.dir.as_path());
+        let store = Store::of_site(&config.server.state_dir, publish_dir, !self.check);
         let published = PublishedCheck { dir: config.server.publish.as_ref().map(|p| p.dir.as_path()), checked };
         let settled = settle(&mut config.apps, &self.kernel, range, &store, published);
         // Settled again with the published apps: what the first time said stays, once.
