@@ -250,10 +250,15 @@ pub async fn run(
 
 /// Opens the usage log, when there is one, and reads back what it holds.
 fn open_usage(registry: &Registry, config: &Config) -> Result<(), RunError> {
-    let usage = usage::Settings { log: config.server.usage_log.clone(), anonymize: config.server.usage_anonymize };
+    let usage = usage::Settings {
+        log: config.server.usage_log.clone(),
+        anonymize: config.server.usage_anonymize,
+        replica: usage::replica_name(&config.server.state_dir),
+    };
     let opened = registry.usage.open(&usage).map_err(RunError::Usage)?;
     if let Some(path) = &usage.log {
         tracing::info!(path = %path.display(), sessions = opened.sessions, hours = opened.hours,
+            shared = usage.shared_dir().map(|_| usage.replica.as_str()).unwrap_or("no"),
             "usage log read back: sessions and request counts");
         if opened.unreadable > 0 {
             tracing::warn!(path = %path.display(), lines = opened.unreadable, "lines of the usage log are not usage records; skipped");

@@ -154,10 +154,12 @@ pub(super) fn parse_log_buffer(flag: &'static str, value: &str) -> Result<u64, C
     parse_size(flag, value)
 }
 
-/// What is wrong with a usage log's path: it must name a file in a folder that exists.
+/// What is wrong with a usage log's path: it must name a file in a folder
+/// that exists, or a folder (shared by the valves of a site: each writes a
+/// file of its own there and reads the others').
 pub(super) fn usage_log_problem(path: &std::path::Path) -> Option<String> {
     if path.is_dir() {
-        return Some("is a folder: name a file in it, such as usage.jsonl".into());
+        return None;
     }
     let folder = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,

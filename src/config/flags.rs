@@ -274,7 +274,8 @@ pub struct Args {
     pub log_buffer: String,
 
     /// Append each Shiny session and each app's requests per user per hour to FILE as JSON lines,
-    /// and read its tail back at start, so /__valve__/usage survives restarts.
+    /// and read its tail back at start, so /__valve__/usage survives restarts. A folder: shared by
+    /// a site's valves (replicas), each writes a file of its own there and reports all of them.
     #[arg(long = "usage-log", env = "VALVE_USAGE_LOG", value_name = "FILE")]
     pub usage_log: Option<PathBuf>,
 

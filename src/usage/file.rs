@@ -52,6 +52,30 @@ pub fn read_tail(path: &Path) -> std::io::Result<Tail> {
     Ok(tail)
 }
 
+/// Reads the whole lines of `path` from byte `from` on (`cut`: `from` may
+/// fall inside a line, whose rest is skipped): the records, and where the
+/// next read starts (past the last whole line; a line being written stays
+/// for the next read).
+pub fn read_from(path: &Path, from: u64, cut: bool) -> std::io::Result<(Tail, u64)> {
+    let mut file = std::fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    let from = if from > len { 0 } else { from };
+    file.seek(SeekFrom::Start(from))?;
+    let mut bytes = Vec::with_capacity((len - from).min(TAIL_BYTES) as usize);
+    file.take(len - from).read_to_end(&mut bytes)?;
+    let Some(last) = bytes.iter().rposition(|b| *b == b'\n') else { return Ok((Tail::default(), from)) };
+    let text = String::from_utf8_lossy(&bytes[..=last]);
+    let whole = if cut && from > 0 { text.split_once('\n').map_or("", |(_, rest)| rest) } else { &text };
+    let mut tail = Tail::default();
+    for line in whole.lines().filter(|l| !l.trim().is_empty()) {
+        match parse_line(line) {
+            Some(r) => tail.records.push(r),
+            None => tail.unreadable += 1,
+        }
+    }
+    Ok((tail, from + last as u64 + 1))
+}
+
 /// Appends lines to the usage log from its own thread.
 pub struct Writer {
     tx: Option<mpsc::SyncSender<String>>,

@@ -7,7 +7,9 @@
 //! same across restarts and the name is never written.
 //!
 //! Rooms: `record` (the records as JSON, CSV and log lines; the times
-//! `since=` takes), `file` (the usage log: its writer thread and its tail).
+//! `since=` takes), `file` (the usage log: its writer thread and its tail),
+//! `shared` (a folder several valves share: each writes its own file and
+//! follows the others', so each reports the whole site's usage).
 //!
 //! Locking: one std `Mutex`, held to count or copy, never across an
 //! `.await` or any I/O (the log's lines go to its writer through a bounded
@@ -15,6 +17,7 @@
 
 mod file;
 mod record;
+mod shared;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
@@ -23,6 +26,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use record::{hourly_csv, parse_since, session_csv, Hourly, Session, CSV_HEADER, SINCE_FORMS};
+pub use shared::replica_name;
 
 use crate::mac::{Key, KeyFileError};
 use crate::worker::WorkerId;
@@ -41,15 +45,36 @@ const HOUR_MS: u64 = 3_600_000;
 /// How valve keeps usage (top-level settings; a reload does not change them).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Settings {
-    /// Where usage is appended as JSON lines (`usage_log`), and read back from at start.
+    /// Where usage is appended as JSON lines (`usage_log`), and read back
+    /// from at start; a folder: shared with other valves (`shared`).
     pub log: Option<PathBuf>,
     /// Keep a keyed hash instead of each user (`usage_anonymize`).
     pub anonymize: bool,
+    /// This valve's name among those sharing a usage folder (`replica_name`).
+    pub replica: String,
 }
 
 impl Settings {
-    /// Where the anonymizing key is kept: beside the usage log (`PATH.key`).
+    /// The folder shared with other valves, if `usage_log` names one.
+    pub fn shared_dir(&self) -> Option<&std::path::Path> {
+        self.log.as_deref().filter(|p| p.is_dir())
+    }
+
+    /// The file this valve appends to.
+    pub fn own_file(&self) -> Option<PathBuf> {
+        match self.shared_dir() {
+            Some(dir) => Some(shared::own_file(dir, &self.replica)),
+            None => self.log.clone(),
+        }
+    }
+
+    /// Where the anonymizing key is kept: beside the usage log (`PATH.key`),
+    /// or in the shared folder (`usage.key`), where every valve reads it, so
+    /// a user hashes the same on all.
     pub fn key_path(&self) -> Option<PathBuf> {
+        if let Some(dir) = self.shared_dir() {
+            return Some(dir.join("usage.key"));
+        }
         self.log.as_ref().map(|p| {
             let mut name = p.as_os_str().to_owned();
             name.push(".key");
@@ -95,6 +120,11 @@ struct State {
     key: Option<Key>,
     /// Writes the counts of hours that are over, once a minute.
     flusher: Option<tokio_util::task::AbortOnDropHandle<()>>,
+    /// The usage log is a folder shared with other valves: the current
+    /// hour's counts are written each minute too, for them to read.
+    shared: bool,
+    /// Adds what other valves sharing the folder append.
+    follower: Option<tokio_util::task::AbortOnDropHandle<()>>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -147,6 +177,18 @@ impl State {
         }
     }
 
+    /// A record read back (this valve's, from before, or another's): kept,
+    /// and its counts marked as written already.
+    fn add(&mut self, record: Record) {
+        match record {
+            Record::Session(s) => self.add_session(s),
+            Record::Hourly(h) => {
+                let user = h.user.unwrap_or_default();
+                self.count(h.hour, &h.app, &user, h.requests, h.requests);
+            }
+        }
+    }
+
     /// Writes to the usage log what it lacks of hours before `before`.
     fn flush(&mut self, before: u64) {
         let Some(writer) = &self.writer else { return };
@@ -190,32 +232,39 @@ impl Usage {
         };
         let mut tail = Vec::new();
         let mut writer = None;
-        if let Some(path) = &settings.log {
+        let mut follower = None;
+        if let Some(path) = settings.own_file() {
             let read =
-                file::read_tail(path).map_err(|error| OpenError::Read { path: path.display().to_string(), error })?;
+                file::read_tail(&path).map_err(|error| OpenError::Read { path: path.display().to_string(), error })?;
             opened.unreadable = read.unreadable;
             tail = read.records;
-            writer = Some(file::Writer::start(path.clone()).map_err(OpenError::Writer)?);
+            if let Some(dir) = settings.shared_dir() {
+                let mut f = shared::Follower::new(dir, &path);
+                let others = f.read_new();
+                opened.unreadable += others.unreadable;
+                tail.extend(others.records);
+                follower = Some(f);
+            }
+            writer = Some(file::Writer::start(path).map_err(OpenError::Writer)?);
         }
         let mut state = self.lock();
         for record in tail {
             match record {
-                Record::Session(s) => {
-                    opened.sessions += 1;
-                    state.add_session(s);
-                }
-                Record::Hourly(h) => {
-                    opened.hours += 1;
-                    let user = h.user.unwrap_or_default();
-                    state.count(h.hour, &h.app, &user, h.requests, h.requests);
-                }
+                Record::Session(_) => opened.sessions += 1,
+                Record::Hourly(_) => opened.hours += 1,
             }
+            state.add(record);
         }
         state.key = key;
         if writer.is_some() {
             state.writer = writer;
             let usage = Arc::downgrade(self);
             state.flusher = Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(flush_every(usage))));
+        }
+        if let Some(f) = follower {
+            state.shared = true;
+            let usage = Arc::downgrade(self);
+            state.follower = Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(follow(usage, f))));
         }
         Ok(opened)
     }
@@ -312,7 +361,34 @@ async fn flush_every(usage: Weak<Usage>) {
         tick.tick().await;
         let Some(usage) = usage.upgrade() else { return };
         let hour = now_ms() / HOUR_MS;
-        usage.lock().flush(hour);
+        let mut state = usage.lock();
+        // Shared: the hour in progress too (its lines add up when read).
+        let before = if state.shared { u64::MAX } else { hour };
+        state.flush(before);
+    }
+}
+
+/// Adds what the other valves sharing the usage folder append, every
+/// `shared::FOLLOW_EVERY` (their files read off the runtime's threads).
+async fn follow(usage: Weak<Usage>, follower: shared::Follower) {
+    let mut follower = Some(follower);
+    loop {
+        tokio::time::sleep(shared::FOLLOW_EVERY).await;
+        let Some(mut f) = follower.take() else { return };
+        let Ok((f, read)) = tokio::task::spawn_blocking(move || {
+            let read = f.read_new();
+            (f, read)
+        })
+        .await
+        else {
+            return;
+        };
+        follower = Some(f);
+        let Some(usage) = usage.upgrade() else { return };
+        let mut state = usage.lock();
+        for record in read.records {
+            state.add(record);
+        }
     }
 }
 
@@ -359,7 +435,7 @@ mod tests {
     #[tokio::test]
     async fn usage_is_bounded_written_and_read_back_after_a_restart_with_users_hashed_the_same() {
         let dir = tempfile::tempdir().unwrap();
-        let settings = Settings { log: Some(dir.path().join("usage.jsonl")), anonymize: true };
+        let settings = Settings { log: Some(dir.path().join("usage.jsonl")), anonymize: true, replica: "here".into() };
         let usage = Arc::new(Usage::default());
         usage.open(&settings).unwrap();
         {
@@ -428,5 +504,52 @@ mod tests {
         assert_eq!(usage.report(None, Some(2001)).0.len(), 0);
         assert_eq!(usage.report(None, Some(HOUR_MS)).1.len(), 1, "hour 0 is over before since");
         assert_eq!(usage.report(Some("a"), None).1.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn valves_sharing_a_usage_folder_each_report_the_sites_usage_with_users_hashed_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = |replica: &str| Settings {
+            log: Some(dir.path().to_path_buf()),
+            anonymize: true,
+            replica: replica.to_string(),
+        };
+        let (a, b) = (Arc::new(Usage::default()), Arc::new(Usage::default()));
+        a.open(&settings("a")).unwrap();
+        drop(a.open_session("shiny", 1, Some("alice")));
+        a.request("api", Some("alice"));
+        a.close();
+        // b, started after: reads a's file back with its own.
+        b.open(&settings("b")).unwrap();
+        let (sessions, hours) = b.report(None, None);
+        assert_eq!((sessions.len(), hours.len()), (1, 1), "a's usage, on b");
+        // b's own, and a's later usage, followed as a goes on.
+        b.request("api", Some("alice"));
+        let a2 = Arc::new(Usage::default());
+        a2.open(&settings("a")).unwrap();
+        drop(a2.open_session("shiny", 2, Some("bob")));
+        a2.close();
+        let mut seen = 0;
+        for _ in 0..50 {
+            tokio::time::sleep(shared::FOLLOW_EVERY).await;
+            std::thread::sleep(Duration::from_millis(20));
+            seen = b.report(Some("shiny"), None).0.len();
+            if seen == 2 {
+                break;
+            }
+        }
+        assert_eq!(seen, 2, "a's second session reached b");
+        let (_, hours) = b.report(Some("api"), None);
+        assert_eq!(hours.len(), 1, "alice hashes the same on both: one row, {hours:?}");
+        assert_eq!(hours[0].requests, 2);
+        b.close();
+        let mut files: Vec<String> =
+            std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.file_name().into_string().unwrap()).collect();
+        files.sort();
+        assert_eq!(files, ["a.jsonl", "b.jsonl", "usage.key"], "each writes only its own");
+        assert!(
+            !std::fs::read_to_string(dir.path().join("b.jsonl")).unwrap().contains("shiny"),
+            "a's records stay a's"
+        );
     }
 }

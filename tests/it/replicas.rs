@@ -2,7 +2,8 @@
 //! balancer without affinity share a volume: what one publishes, every one
 //! serves; a deployment's task is read from any of them; a rollback on one
 //! is served by all; two deployments of one app at once, on two valves,
-//! end with one active version served everywhere and nothing half-written.
+//! end with one active version served everywhere and nothing half-written;
+//! usage counted on one is in the usage list of another.
 
 use std::time::{Duration, Instant};
 
@@ -35,13 +36,14 @@ async fn deploy(admin: &str, key: &str, guid: &str, version: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn valves_sharing_a_publish_folder_serve_what_any_of_them_publishes_and_read_each_others_tasks() {
+async fn valves_sharing_a_folder_serve_what_any_of_them_publishes_and_read_each_others_tasks_and_usage() {
     need_r_packages(&["plumber"]);
     let docs = "[[app]]\nname = \"docs\"\npath = \"/docs\"\nstatic = \"docs\"\n";
-    let (dir, keys) = site("n_max = 1", docs, &[("ann", "")]);
+    let (dir, keys) = site("n_max = 1\nusage_log = \"usage\"", docs, &[("ann", "")]);
+    std::fs::create_dir_all(dir.path().join("usage")).unwrap();
     let config = dir.path().join("valve.toml");
     let args = ["--config", config.to_str().unwrap()];
-    let (a, b) = (Valve::start(&args), Valve::start(&args));
+    let (mut a, b) = (Valve::start(&args), Valve::start(&args));
     let (admin_a, admin_b, ann) = (a.admin_url(), b.admin_url(), keys[0].1.as_str());
     let auth = format!("Key {ann}");
 
@@ -89,4 +91,30 @@ async fn valves_sharing_a_publish_folder_serve_what_any_of_them_publishes_and_re
         .filter(|n| n == ".records.lock" || n == ".deploy.lock" || n.contains("partial"))
         .collect();
     assert!(left.is_empty(), "no lock nor half-written version is left: {left:?}");
+
+    // Usage for the site: what a counted reaches b's usage list (here as a
+    // stops: it writes the hour in progress every minute, and when it stops).
+    assert!(b.status()["host"].as_str().is_some_and(|h| !h.is_empty()), "the dashboard says which valve answers");
+    let requests = |usage: &serde_json::Value| -> u64 {
+        usage["requests"].as_array().map_or(0, |hours| hours.iter().filter_map(|h| h["requests"].as_u64()).sum())
+    };
+    let usage_of = |valve: &Valve| {
+        let url = valve.admin("/__valve__/usage?app=api");
+        async move { serde_json::from_str::<serde_json::Value>(&get(&url).await.1).unwrap_or_default() }
+    };
+    let before = requests(&usage_of(&b).await);
+    for _ in 0..7 {
+        assert_eq!(get(&a.get("/api/version")).await.0, 200);
+    }
+    a.signal(libc::SIGTERM);
+    a.wait_exit(Duration::from_secs(60));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let site = requests(&usage_of(&b).await);
+        if site >= before + 7 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a's 7 requests never reached b's usage list: {before} before, {site} now");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
