@@ -98,6 +98,8 @@ SETS = {
     "isolation=users": ["--set", "isolation=users", "--set-file", "config=CONFIG", "--set", "oauth2Proxy.enabled=true",
                         "--set", "oauth2Proxy.oidcIssuerUrl=https://idp.example.com",
                         "--set", "oauth2Proxy.existingSecret=valve-signin"],
+    "publishing": ["--set", "publishing.enabled=true", "--set", "publishing.keysSecret=valve-keys",
+                   "--set", "isolation=users"],
     "isolation=view": ["--set", "isolation=view"],
     "isolation=view-unconfined": ["--set", "isolation=view", "--set", "viewSeccompProfile=Unconfined"],
 }
@@ -290,6 +292,40 @@ def check_set(name, docs):
                  "--set", "oauth2Proxy.oidcIssuerUrl=https://idp.example.com"])
         if r.returncode == 0 or "oauth2Proxy.existingSecret" not in r.stderr:
             fail(f"a sidecar without its Secret must not render: {r.stderr}")
+    elif name == "publishing":
+        c = container(docs)
+        want = ["--publish-dir=/var/lib/valve-site/published", "--publish-keys-file=/etc/valve-keys/keys",
+                "--publish-addr=0.0.0.0:3939", "--package-cache=/var/lib/valve-site/packages",
+                "--usage-log=/var/lib/valve-site/usage/"]
+        if [a for a in want if a not in c["args"]]:
+            fail(f"publishing: valve's args lack {[a for a in want if a not in c['args']]}: {c['args']}")
+        pvc = find(docs, "PersistentVolumeClaim")
+        if not pvc or pvc["spec"]["accessModes"] != ["ReadWriteMany"]:
+            fail(f"publishing with 2 replicas: one ReadWriteMany claim every pod mounts, not {pvc and pvc['spec']}")
+        pod = find(docs, "Deployment")["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        if volumes.get("site", {}).get("persistentVolumeClaim", {}).get("claimName") != pvc["metadata"]["name"]:
+            fail(f"the pods must mount the site's claim: {volumes.get('site')}")
+        if volumes.get("publish-keys", {}).get("secret", {}).get("defaultMode") != 0o400:
+            fail(f"the keys file must be readable by valve alone: {volumes.get('publish-keys')}")
+        ports = {p["name"]: p for p in find(docs, "Service")["spec"]["ports"]}
+        if ports.get("publish", {}).get("port") != 3939:
+            fail(f"the publishing API must be reachable through the Service: {ports}")
+        # Refused at install: several pods, a volume only one can mount; and no keys.
+        for extra, says in [(["--set", "publishing.volume.accessMode=ReadWriteOnce"], "ReadWriteMany"),
+                            (["--set", "publishing.volume.accessMode=ReadWriteOnce", "--set", "autoscaling.hpa.enabled=true",
+                              "--set", "autoscaling.app=sales"], "autoscaling"),
+                            (["--set", "publishing.keysSecret="], "publishing.keysSecret")]:
+            r = run([HELM, "template", "valve", CHART, *SETS["publishing"], *extra])
+            if r.returncode == 0 or says not in r.stderr:
+                fail(f"publishing {extra} must be refused naming {says}: {r.stderr}")
+        one = ["--set", "publishing.volume.accessMode=ReadWriteOnce", "--set", "replicaCount=1"]
+        if run([HELM, "template", "valve", CHART, *SETS["publishing"], *one]).returncode != 0:
+            fail("publishing with one replica and a ReadWriteOnce volume must render")
+        claim = ["--set", "publishing.volume.accessMode=ReadWriteOnce", "--set", "publishing.volume.existingClaim=site"]
+        r = run([HELM, "template", "valve", CHART, *SETS["publishing"], *claim])
+        if r.returncode != 0 or "kind: PersistentVolumeClaim" in r.stdout:
+            fail(f"an existing claim is used as it is, none made: {r.stderr}")
     elif name == "extras":
         if find(docs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] != 120:
             fail("terminationGracePeriodSeconds override ignored")

@@ -161,6 +161,11 @@ pub(super) fn usage_log_problem(path: &std::path::Path) -> Option<String> {
     if path.is_dir() {
         return None;
     }
+    // A folder to make (`usage/`): its parent must exist.
+    let path = match path.to_str().and_then(|p| p.strip_suffix('/')) {
+        Some(folder) => std::path::Path::new(folder),
+        None => path,
+    };
     let folder = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => std::path::Path::new("."),

@@ -55,9 +55,10 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The folder shared with other valves, if `usage_log` names one.
+    /// The folder shared with other valves, if `usage_log` names one (one
+    /// that exists, or a path ending in `/`: made at start).
     pub fn shared_dir(&self) -> Option<&std::path::Path> {
-        self.log.as_deref().filter(|p| p.is_dir())
+        self.log.as_deref().filter(|p| names_folder(p))
     }
 
     /// The file this valve appends to.
@@ -81,6 +82,11 @@ impl Settings {
             PathBuf::from(name)
         })
     }
+}
+
+/// Whether a `usage_log` path names a folder: one that exists, or a path ending in `/`.
+pub fn names_folder(path: &std::path::Path) -> bool {
+    path.is_dir() || path.as_os_str().as_encoded_bytes().ends_with(b"/")
 }
 
 /// Why the usage log could not be opened at start.
@@ -239,6 +245,8 @@ impl Usage {
             opened.unreadable = read.unreadable;
             tail = read.records;
             if let Some(dir) = settings.shared_dir() {
+                std::fs::create_dir_all(dir)
+                    .map_err(|error| OpenError::Read { path: dir.display().to_string(), error })?;
                 let mut f = shared::Follower::new(dir, &path);
                 let others = f.read_new();
                 opened.unreadable += others.unreadable;

@@ -10,8 +10,11 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::json;
 
-use crate::harness::{need_r_packages, Valve};
-use crate::publish::{follow, get};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::harness::{free_port, need_program, need_r_packages, Valve};
+use crate::publish::{deploy_app, follow, get};
 use crate::published::{call, create, held_api, publish, site, upload};
 
 /// Waits (at most a minute) until `valve` answers `/api/version` with `want`.
@@ -117,4 +120,170 @@ async fn valves_sharing_a_folder_serve_what_any_of_them_publishes_and_read_each_
         assert!(Instant::now() < deadline, "a's 7 requests never reached b's usage list: {before} before, {site} now");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// HAProxy in front of valves' main ports (`/`) and publishing APIs
+/// (their admin listeners), balancing each request round robin with no
+/// affinity, set as the manual says for replicas (a refused connection is
+/// tried on another valve, and its valve marked down).
+struct Balancer {
+    child: std::process::Child,
+    main: u16,
+    publish: u16,
+}
+
+impl Balancer {
+    fn start(dir: &std::path::Path, valves: &[&Valve]) -> Balancer {
+        need_program("haproxy", "haproxy");
+        let (main, publish) = (free_port(), free_port());
+        let servers = |port_of: &dyn Fn(&Valve) -> String| {
+            valves
+                .iter()
+                .enumerate()
+                .map(|(i, v)| format!("    server v{i} {} check\n", port_of(v)))
+                .collect::<String>()
+        };
+        let main_servers =
+            servers(&|v: &Valve| v.get("").trim_start_matches("http://").trim_end_matches('/').to_string());
+        let admin_servers = servers(&|v: &Valve| v.admin_addr());
+        let cfg = dir.join("haproxy.cfg");
+        std::fs::write(
+            &cfg,
+            format!(
+                "defaults\n    mode http\n    timeout connect 500ms\n    timeout client 60s\n    timeout server 60s\n    retries 2\n    option redispatch 1\n\
+                 frontend main\n    bind 127.0.0.1:{main}\n    default_backend main\n\
+                 frontend publish\n    bind 127.0.0.1:{publish}\n    default_backend publish\n\
+                 backend main\n    balance roundrobin\n    option httpchk GET /__valve__/readyz\n    default-server inter 1s fastinter 250ms fall 2 rise 2 observe layer4 error-limit 1 on-error mark-down\n{main_servers}\
+                 backend publish\n    balance roundrobin\n    default-server inter 1s fastinter 250ms fall 2 rise 2 observe layer4 error-limit 1 on-error mark-down\n{admin_servers}"
+            ),
+        )
+        .unwrap();
+        let child = std::process::Command::new("haproxy")
+            .args(["-db", "-f", cfg.to_str().unwrap()])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("haproxy starts");
+        Balancer { child, main, publish }
+    }
+}
+
+impl Drop for Balancer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn api_folder(parent: &std::path::Path, version: u32) -> std::path::PathBuf {
+    let dir = parent.join(format!("api-source-{version}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("plumber.R"), format!("#* @get /version\nfunction() list(version = {version})\n")).unwrap();
+    dir
+}
+
+/// Waits until every valve of `valves` answers `/api/version` with `version`.
+async fn all_serve(valves: &[&Valve], version: u32, what: &str) {
+    let want = format!("{{\"version\":[{version}]}}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for v in valves {
+        loop {
+            let got = get(&v.get("/api/version")).await;
+            if got == (200, want.clone()) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{what}: a valve still answers {got:?}, not {want}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rsconnect_publishes_through_a_balancer_without_affinity_to_three_valves_and_a_valve_killed_mid_publish_costs_nothing_published(
+) {
+    need_r_packages(&["rsconnect", "plumber"]);
+    let docs = "[[app]]\nname = \"docs\"\npath = \"/docs\"\nstatic = \"docs\"\n";
+    let (dir, keys) = site("n_max = 2", docs, &[("ci", "")]);
+    let w = dir.path();
+    let config = w.join("valve.toml");
+    let args = ["--config", config.to_str().unwrap()];
+    let mut valves: Vec<Valve> = (0..3).map(|_| Valve::start(&args)).collect();
+    let lb = Balancer::start(w, &valves.iter().collect::<Vec<_>>());
+    let (publish, main) = (format!("http://127.0.0.1:{}", lb.publish), format!("http://127.0.0.1:{}", lb.main));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(&format!("{main}/__valve__/readyz")).await.0 != 200 {
+        assert!(Instant::now() < deadline, "haproxy never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let home = w.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let key = keys[0].1.clone();
+    let deploy = |version: u32| {
+        let (home, publish, key, src) = (home.clone(), publish.clone(), key.clone(), api_folder(w, version));
+        tokio::task::spawn_blocking(move || deploy_app(&home, &publish, &key, &src, "api", None))
+    };
+
+    // Published through the balancer: every call of rsconnect's (and its task polls) on any valve.
+    let (ok, said) = deploy(1).await.unwrap();
+    assert!(ok && said.contains("successfully deployed"), "{said}");
+    all_serve(&valves.iter().collect::<Vec<_>>(), 1, "after the first publish").await;
+
+    // A redeploy under steady load through the balancer fails no request on any valve.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (served, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut load = Vec::new();
+    for _ in 0..4 {
+        let (stop, served, failed, url) = (stop.clone(), served.clone(), failed.clone(), format!("{main}/api/version"));
+        load.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                match get(&url).await {
+                    (200, _) => served.fetch_add(1, Ordering::Relaxed),
+                    _ => failed.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        }));
+    }
+    let (ok, said) = deploy(2).await.unwrap();
+    assert!(ok, "{said}");
+    all_serve(&valves.iter().collect::<Vec<_>>(), 2, "after the redeploy").await;
+    stop.store(true, Ordering::Relaxed);
+    for l in load {
+        l.await.unwrap();
+    }
+    let (served, failed) = (served.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    assert!(served > 0 && failed == 0, "{failed} of {} requests failed during the redeploy", served + failed);
+
+    // The valve that runs a deployment is SIGKILLed in its middle.
+    let running = deploy(3);
+    let started = Instant::now();
+    let deploying = loop {
+        if let Some(v) = valves.iter().position(|v| v.log().contains("Deploying version 3 of api")) {
+            break v;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "no valve started deploying version 3");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let killed = valves.remove(deploying);
+    killed.signal(libc::SIGKILL);
+    let (_, said) = running.await.unwrap();
+    let survivors: Vec<&Valve> = valves.iter().collect();
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(w.join("published/api/app.json")).unwrap()).unwrap();
+    let active = record["active"].as_u64().unwrap() as u32;
+    assert!(active == 2 || active == 3, "{record}");
+    all_serve(&survivors, active, "after a valve died mid-deployment").await;
+    if !said.contains("successfully deployed") {
+        assert!(said.contains("stopped before it ended"), "the client hears why: {said}");
+    }
+    // A later publish succeeds (the dead valve's lock is broken once stale) and is served by all left.
+    let (ok, said) = deploy(4).await.unwrap();
+    assert!(ok, "{said}");
+    all_serve(&survivors, 4, "after a publish following the kill").await;
+    let partial: Vec<String> = std::fs::read_dir(w.join("published/api"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("partial"))
+        .collect();
+    assert!(partial.is_empty(), "no half-written version: {partial:?}");
+    drop(killed);
 }

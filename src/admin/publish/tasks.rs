@@ -165,6 +165,8 @@ pub struct Tasks {
     inner: Mutex<BTreeMap<u64, Arc<Task>>>,
     /// Where the logs are shared (`publish_dir/.tasks`; none: not shared).
     shared: Option<PathBuf>,
+    /// Other valves' tasks read here: what was seen of each, and since when.
+    watched: Mutex<std::collections::HashMap<u64, (Seen, std::time::Instant)>>,
 }
 
 /// A new task id: random, below 2^53 (a number JSON clients keep exactly), never 0.
@@ -181,7 +183,7 @@ impl Tasks {
             tracing::warn!(target: "valve::publish", dir = %dir.display(), error = %e,
                 "cannot make the folder where deployments' logs are shared; other valves will not read them");
         }
-        Tasks { inner: Mutex::default(), shared: Some(dir) }
+        Tasks { inner: Mutex::default(), shared: Some(dir), watched: Mutex::default() }
     }
 
     /// A new task deploying `app` (the oldest finished one goes when `MAX_TASKS` are kept).
@@ -218,19 +220,58 @@ impl Tasks {
     }
 
     /// A page of another valve's task, as `Task::page` reads one of this
-    /// valve's (a wait looks at the shared log every quarter second).
-    pub async fn shared_page(&self, id: u64, first: usize, wait: Duration) -> Option<Page> {
+    /// valve's (a wait looks at the shared log every quarter second). `lease`:
+    /// the app's deployment lease. A task unfinished whose log and lease both
+    /// stayed unchanged for `ORPHANED` (on this valve's clock: its valve
+    /// renews the lease every 2 s while it deploys) was left by a valve that
+    /// died: it reads as failed, saying so.
+    pub async fn shared_page(&self, id: u64, first: usize, wait: Duration, lease: &Path) -> Option<Page> {
         let file = self.shared.as_ref()?.join(format!("{id}.jsonl"));
         let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
         loop {
-            let (_, page) = read_shared(&file, first)?;
+            let (_, mut page) = read_shared(&file, first)?;
+            if !page.finished && self.orphaned(id, &file, lease) {
+                page.finished = true;
+                page.code = 1;
+                page.error = format!(
+                    "the valve running this deployment stopped before it ended (its log and its lock {} unchanged for {}s): nothing it had not switched changed; publish again",
+                    lease.display(),
+                    ORPHANED.as_secs()
+                );
+                page.lines.push(format!("Error: {}", page.error));
+                page.last += 1;
+            }
             if page.finished || page.last > first || tokio::time::Instant::now() >= deadline {
                 return Some(page);
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
+
+    /// Whether task `id`'s log and lease have both stayed as they are for `ORPHANED`.
+    fn orphaned(&self, id: u64, file: &Path, lease: &Path) -> bool {
+        let look = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.len(), m.modified().ok()));
+        let now = (look(file), look(lease));
+        let mut seen = self.watched.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.len() >= MAX_TASKS && !seen.contains_key(&id) {
+            seen.clear();
+        }
+        match seen.get(&id) {
+            Some((was, since)) if *was == now => since.elapsed() >= ORPHANED,
+            _ => {
+                seen.insert(id, (now, std::time::Instant::now()));
+                false
+            }
+        }
+    }
 }
+
+/// A shared task whose log and deployment lease stay unchanged this long
+/// was left by a valve that died.
+pub const ORPHANED: Duration = Duration::from_secs(15);
+
+/// What a valve saw of another's task: the log's and lease's size and time.
+type Seen = (Option<(u64, Option<std::time::SystemTime>)>, Option<(u64, Option<std::time::SystemTime>)>);
 
 /// Keeps the newest `MAX_TASKS` shared logs (by their last change).
 fn forget_old(dir: &Path) {
@@ -304,10 +345,14 @@ mod tests {
         t.say("unpacked");
         assert!(there.get(t.id).is_none(), "not in the other valve's memory");
         assert_eq!(there.shared_app(t.id).as_deref(), Some("api"));
-        let p = there.shared_page(t.id, 0, Duration::ZERO).await.unwrap();
+        let lease = dir.path().join("api.lock");
+        let p = there.shared_page(t.id, 0, Duration::ZERO, &lease).await.unwrap();
         assert_eq!((p.lines.clone(), p.last, p.finished), (vec!["unpacked".to_string()], 1, false));
         let id = t.id;
-        let waiter = tokio::spawn(async move { there.shared_page(id, 1, Duration::from_secs(10)).await });
+        let l = lease.clone();
+        let there = Arc::new(there);
+        let reader = there.clone();
+        let waiter = tokio::spawn(async move { reader.shared_page(id, 1, Duration::from_secs(10), &l).await });
         tokio::time::sleep(Duration::from_millis(300)).await;
         t.finish(Err("nothere is not installed".into()));
         let p = waiter.await.unwrap().unwrap();

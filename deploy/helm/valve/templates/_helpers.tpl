@@ -87,3 +87,17 @@ field here; before, the pod annotation in the Deployment's template. */}}
 {{- define "valve.appArmorField" -}}
 {{- if semverCompare ">=1.30-0" .Capabilities.KubeVersion.Version }}yes{{ end }}
 {{- end }}
+
+{{/*
+Publishing with more than one pod needs one volume they all mount: a
+ReadWriteMany claim made here, or an existing claim (its access mode is the
+operator's word). Fails the install otherwise; renders nothing.
+*/}}
+{{- define "valve.publishingShared" -}}
+{{- $p := .Values.publishing -}}
+{{- $many := or (gt (int .Values.replicaCount) 1) .Values.autoscaling.hpa.enabled .Values.keda.enabled -}}
+{{- $shared := or $p.volume.existingClaim (eq $p.volume.accessMode "ReadWriteMany") -}}
+{{- if and $many (not $shared) -}}
+{{- fail (printf "publishing.enabled with %s needs a volume every pod mounts: set publishing.volume.accessMode to ReadWriteMany (a storage class that offers it: NFS, CephFS, EFS, Azure Files, Filestore), or publishing.volume.existingClaim to such a claim; or run one replica (replicaCount: 1, no autoscaling). With %s, each pod would serve only what was published through it." (ternary "autoscaling" (printf "replicaCount %d" (int .Values.replicaCount)) (or .Values.autoscaling.hpa.enabled .Values.keda.enabled)) $p.volume.accessMode) -}}
+{{- end -}}
+{{- end }}
