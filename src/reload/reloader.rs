@@ -32,10 +32,21 @@ impl Reloader {
 
     /// Reloads, or says why nothing changed.
     pub async fn reload(&self) -> Result<Plan, LoadError> {
+        self.reload_with(None).await
+    }
+
+    /// Reloads with one published app at `candidate`'s version rather than
+    /// the one its record names (a deployment starts it so, and records it
+    /// only once it serves).
+    pub async fn reload_with(&self, candidate: Option<crate::config::publish::Candidate>) -> Result<Plan, LoadError> {
         let source = self.source.clone();
-        let loaded = tokio::task::spawn_blocking(move || source.load()).await.unwrap_or_else(|e| {
-            Err(LoadError::Flags(crate::config::ConfigError::Unreadable { path: String::new(), reason: e.to_string() }))
-        });
+        let loaded =
+            tokio::task::spawn_blocking(move || source.load_with(candidate.as_ref())).await.unwrap_or_else(|e| {
+                Err(LoadError::Flags(crate::config::ConfigError::Unreadable {
+                    path: String::new(),
+                    reason: e.to_string(),
+                }))
+            });
         let config = match loaded {
             Ok(c) => c,
             Err(e) => {

@@ -1,19 +1,20 @@
 //! A deployment: make a kept version of a published app the one it serves.
 //! It is a reload: the configuration the switch would give is loaded first
-//! (with this version as the app's), the version's packages are checked
-//! against what the app's R finds (nothing switches if one is missing or at
-//! another version), then the record names the version and valve reloads:
-//! the new generation starts beside the old one and takes over once it
-//! serves. If it cannot start, the record names the previous version again
-//! and the previous generation, which never stopped, serves on. Every step
-//! is said in the task's log, which clients print as it comes.
+//! (with this version as the app's), the version's packages are restored or
+//! checked (nothing switches if one is missing or at another version), then
+//! valve reloads with this version as the app's: the new generation starts
+//! beside the old one and takes over once it serves, and only then does the
+//! record name it (so every valve sharing `publish_dir` switches to a version
+//! that served, and one that dies midway leaves them on the version before).
+//! If it cannot start, the previous generation, which never stopped, serves
+//! on. Every step is said in the task's log, which clients print as it comes.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::lease;
 use super::publisher::Publisher;
-use super::store::{self, Fail};
+use super::store;
 use super::tasks::Task;
 use super::unpack::Modes;
 use crate::config::publish::{app_dir, version_dir, Candidate, VersionRule};
@@ -129,27 +130,34 @@ async fn deploy(
     if record.active == Some(version) && serving.as_ref().is_some_and(|s| s.source == app.source) {
         return Ok(format!("Version {version} of {name} already serves at {}", publisher.app_url(name)));
     }
-    // Switch: the record names the version, and valve reloads.
+    // Switch: valve reloads with this version as the app's; the record names
+    // it once it serves (then every valve sharing publish_dir switches too: a
+    // valve that dies before leaves the record, and them, on the version before).
     let mut told = publisher.reloader.apps.promotions();
-    let previous = publisher.writing(|p| store::activate(p, name, Some(version), key)).map_err(|f| f.message)?;
     task.say(format!("Starting version {version}'s workers beside the serving version"));
+    let previous = record.active;
     let revert = |why: String| {
         let publisher = publisher.clone();
         async move {
-            let restored = publisher.writing(|p| store::activate(p, name, previous, key)).map(|_| ());
             let _ = publisher.reloader.reload().await;
-            match (previous, restored) {
-                (_, Err(Fail { message, .. })) => format!("{why}; and the record could not be restored: {message}"),
-                (Some(prev), Ok(())) => format!("{why}; version {prev} keeps serving"),
-                (None, Ok(())) => format!("{why}; {name} is not served"),
+            match previous {
+                Some(prev) => format!("{why}; version {prev} keeps serving"),
+                None => format!("{why}; {name} is not served"),
             }
         }
     };
-    let plan = match publisher.reloader.reload().await {
+    let candidate = Candidate { app: name.to_string(), version, checked: true };
+    let plan = match publisher.reloader.reload_with(Some(candidate)).await {
         Ok(plan) => plan,
         Err(e) => return Err(revert(format!("the configuration has problems, nothing changed: {e}")).await),
     };
+    let record_it = || {
+        publisher.writing(|p| store::activate(p, name, Some(version), key)).map(|_| ()).map_err(|f| {
+            format!("version {version} serves here but could not be recorded as {name}'s active one: {}", f.message)
+        })
+    };
     if plan.unchanged.iter().any(|a| a == name) {
+        record_it()?;
         return Ok(format!("Version {version} of {name} serves at {}", publisher.app_url(name)));
     }
     let path = app.source.path().to_path_buf();
@@ -168,6 +176,9 @@ async fn deploy(
     .unwrap_or_else(|_| Err(format!("it did not serve within {}s", deadline.as_secs())));
     match outcome {
         Ok(()) => {
+            if let Err(e) = record_it() {
+                return Err(revert(e).await);
+            }
             task.say("The new version serves: switched (the previous version finishes its requests and sessions)");
             let in_use = publisher.reloader.apps.paths_in_use();
             match publisher.writing(|p| store::prune(p, name, &in_use)) {

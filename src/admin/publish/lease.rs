@@ -208,8 +208,11 @@ mod tests {
         assert!(refused.contains("held by") && refused.contains("pid"), "{refused}");
         drop(first);
         assert!(!path.exists(), "given back");
-        // A valve that died holding it: the file stays, never rewritten.
+        // A valve that died holding it, on a machine whose clock runs ten
+        // minutes ahead: the file stays, never rewritten, dated in the future.
         std::fs::write(&path, content("gone (pid 1)", "dead", 0)).unwrap();
+        let ahead = SystemTime::now() + Duration::from_secs(600);
+        std::fs::File::options().write(true).open(&path).unwrap().set_modified(ahead).unwrap();
         let started = Instant::now();
         let taken = take_blocking(&path, Duration::from_millis(300), Duration::from_secs(5)).unwrap();
         assert!(started.elapsed() >= Duration::from_millis(300), "not before the stale time");

@@ -44,7 +44,15 @@ pub struct AppRecord {
     /// The number the next upload gets.
     #[serde(default = "one")]
     pub next_version: u32,
+    /// The record's format: a valve reads records of its format or older,
+    /// and refuses one a newer valve wrote (valves sharing `publish_dir` at
+    /// different versions).
+    #[serde(default = "one")]
+    pub format: u32,
 }
+
+/// The format of the records this valve writes.
+pub const RECORD_FORMAT: u32 = 1;
 
 fn one() -> u32 {
     1
@@ -107,17 +115,26 @@ pub fn read_record(app_dir: &Path) -> Result<Option<AppRecord>, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
     };
-    serde_json::from_str(&text).map(Some).map_err(|e| {
+    let record: AppRecord = serde_json::from_str(&text).map_err(|e| {
         format!(
             "{} is not a record valve wrote ({e}): restore it, or remove its app's folder to unpublish the app",
             path.display()
         )
-    })
+    })?;
+    if record.format > RECORD_FORMAT {
+        return Err(format!(
+            "{} was written by a newer valve (record format {}; this valve reads up to {RECORD_FORMAT}): upgrade this valve, as every valve sharing publish_dir must run one version; nothing was changed",
+            path.display(),
+            record.format
+        ));
+    }
+    Ok(Some(record))
 }
 
 /// Writes `record` in `app_dir`, whole: to a temporary file, then renamed.
 pub fn write_record(app_dir: &Path, record: &AppRecord) -> std::io::Result<()> {
-    let text = serde_json::to_string_pretty(record).map_err(std::io::Error::other)?;
+    let record = AppRecord { format: RECORD_FORMAT, ..record.clone() };
+    let text = serde_json::to_string_pretty(&record).map_err(std::io::Error::other)?;
     let tmp = app_dir.join(format!(".{RECORD}.tmp"));
     std::fs::write(&tmp, text)?;
     std::fs::File::open(&tmp)?.sync_all()?;
@@ -163,6 +180,7 @@ mod tests {
             active: Some(2),
             versions: vec![VersionRecord { version: 2, kind: "plumber-dir".into(), ..Default::default() }],
             next_version: 3,
+            format: RECORD_FORMAT,
             ..Default::default()
         };
         write_record(&dir, &record).unwrap();
@@ -173,5 +191,16 @@ mod tests {
         std::fs::write(dir.join(RECORD), "{").unwrap();
         let e = read_records(d.path()).unwrap_err();
         assert!(e.contains("app.json is not a record valve wrote"), "{e}");
+        // One a newer valve wrote is refused, saying what to do; one of before formats were numbered reads.
+        std::fs::write(
+            dir.join(RECORD),
+            r#"{"id": 3, "guid": "g", "name": "sales", "created": 0, "created_by": "k", "format": 2}"#,
+        )
+        .unwrap();
+        let e = read_records(d.path()).unwrap_err();
+        assert!(e.contains("written by a newer valve (record format 2") && e.contains("upgrade this valve"), "{e}");
+        std::fs::write(dir.join(RECORD), r#"{"id": 3, "guid": "g", "name": "sales", "created": 0, "created_by": "k"}"#)
+            .unwrap();
+        assert_eq!(read_record(&dir).unwrap().map(|r| r.format), Some(1));
     }
 }
