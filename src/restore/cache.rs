@@ -109,7 +109,15 @@ impl Cache {
     pub fn fresh(&self, what: &str) -> PathBuf {
         use std::sync::atomic::{AtomicU64, Ordering};
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        self.tmp().join(format!("{what}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)))
+        // Replicas sharing the cache may have the same pid (each is PID 1 of its container).
+        static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let tag = TAG.get_or_init(|| {
+            let mut b = [0u8; 6];
+            let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
+            b.iter().map(|x| format!("{x:02x}")).collect()
+        });
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        self.tmp().join(format!("{what}-{}-{tag}-{n}", std::process::id()))
     }
 }
 

@@ -119,6 +119,11 @@ fn linked_by(cache: &Cache, live_only: bool) -> BTreeMap<PathBuf, BTreeSet<Strin
     out
 }
 
+/// What is left in the cache's `tmp/` this long was left by a restore that
+/// was killed (valves sharing the cache build there at once; no build runs
+/// this long: `package_build_timeout`).
+const STALE_TMP: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+
 /// What a prune removed.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Pruned {
@@ -178,9 +183,14 @@ fn prune_now(cache: &Cache) -> Pruned {
             pruned.tarballs += 1;
         }
     }
-    // What a restore killed midway left (none runs now: the gate is ours).
+    // What a restore killed midway left: none of this valve's runs now (the
+    // gate is ours), but another valve sharing the cache may be building, so
+    // only what nobody touched for `STALE_TMP`.
     for left in std::fs::read_dir(cache.tmp()).into_iter().flatten().flatten() {
-        remove(&left.path(), &mut pruned);
+        let age = left.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+        if age.is_some_and(|a| a >= STALE_TMP) {
+            remove(&left.path(), &mut pruned);
+        }
     }
     pruned
 }
