@@ -101,7 +101,10 @@ impl Store {
         let path = self.table_path();
         // Valves sharing a state folder (two on one host, or replicas) take
         // turns: each reads, gives and writes the table whole under the lock.
-        let _turn = if self.record { Some(self.lock()?) } else { None };
+        // A folder valve may only read (a replica's read-only mount): the
+        // table is read as it is (written whole, by rename); only a new name
+        // needs writing, and says why it cannot.
+        let _turn = if self.record { self.lock()? } else { None };
         let moved = if self.record { self.move_in()? } else { None };
         let unmoved = self.moved_from.as_ref().map(|d| d.join("uids")).filter(|p| !path.exists() && p.exists());
         let found = self.read_table(unmoved.as_deref().unwrap_or(&path))?;
@@ -199,24 +202,29 @@ impl Store {
         Ok(())
     }
 
-    /// `uids.lock` in the state folder, held (flock) until dropped.
-    fn lock(&self) -> Result<std::fs::File, String> {
+    /// `uids.lock` in the table's folder, held (flock) until dropped; none
+    /// when the folder is read-only.
+    fn lock(&self) -> Result<Option<std::fs::File>, String> {
         use std::os::fd::AsRawFd;
         self.make_dir()?;
         let path = self.dir.join("uids.lock");
         let bad = |e: std::io::Error| format!("the app uid table's lock {}: {e}", path.display());
-        let file = std::fs::OpenOptions::new()
+        let opened = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(bad)?;
+            .open(&path);
+        let file = match opened {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::EROFS) => return Ok(None),
+            Err(e) => return Err(bad(e)),
+        };
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
             return Err(bad(std::io::Error::last_os_error()));
         }
-        Ok(file)
+        Ok(Some(file))
     }
 
     /// Writes the table whole, in one step: a reader sees the old or the new.

@@ -13,7 +13,7 @@ use serde_json::json;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::harness::{free_port, need_program, need_r_packages, Valve};
+use crate::harness::{as_root, free_port, need_program, need_r_packages, Valve};
 use crate::publish::{deploy_app, follow, get};
 use crate::published::{call, create, held_api, publish, site, upload};
 
@@ -291,4 +291,51 @@ async fn rsconnect_publishes_through_a_balancer_without_affinity_to_three_valves
         .collect();
     assert!(partial.is_empty(), "no half-written version: {partial:?}");
     drop(killed);
+}
+
+/// `dir` bound read-only onto itself while it lives (root only).
+struct ReadOnly(std::path::PathBuf);
+
+impl ReadOnly {
+    fn bind(dir: &std::path::Path) -> ReadOnly {
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("mount").args(args).output().expect("mount runs");
+            assert!(out.status.success(), "mount {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        let d = dir.to_str().unwrap();
+        run(&["--bind", d, d]);
+        let guard = ReadOnly(dir.to_path_buf());
+        run(&["-o", "remount,ro,bind", d]);
+        guard
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_valve_on_a_shared_folder_it_cannot_write_serves_what_is_published_and_refuses_changes_saying_why() {
+    need_r_packages(&["plumber"]);
+    assert!(as_root(), "this test binds a folder read-only: run the tests as root, as CI does");
+    let docs = "[[app]]\nname = \"docs\"\npath = \"/docs\"\nstatic = \"docs\"\n";
+    let (dir, keys) = site("n_max = 1", docs, &[("ann", "")]);
+    let config = dir.path().join("valve.toml");
+    let args = ["--config", config.to_str().unwrap()];
+    let guid = {
+        let a = Valve::start(&args);
+        let guid = create(&a.admin_url(), &keys[0].1, "api").await;
+        publish(&a.admin_url(), &keys[0].1, &guid, held_api(1)).await;
+        guid
+    };
+    let _ro = ReadOnly::bind(&dir.path().join("published"));
+    let b = Valve::start(&args);
+    serves(&b, "[1]", "a valve on a read-only publish_dir").await;
+    let (code, body) = upload(&b.admin_url(), &keys[0].1, &guid, held_api(2)).await;
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(code >= 500 && error.contains("publish_dir"), "{code} {body}");
+    assert!(error.contains("Read-only") || error.contains("permission"), "says why: {error}");
+    serves(&b, "[1]", "after the refused upload").await;
 }
