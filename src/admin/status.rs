@@ -91,7 +91,7 @@ impl Admin {
             "max_workers": self.fleet.max_workers(),
             "r_processes": self.fleet.processes(),
             "valve_user": valve_user(),
-            "host": host_name(),
+            "host": crate::config::host_name(),
         })
     }
 
@@ -193,14 +193,6 @@ fn merge(into: &mut serde_json::Value, more: serde_json::Value) {
 
 /// The name of the user valve runs as (from /etc/passwd, read once; else
 /// its uid): what an app runs as when its status names no user of its own.
-/// The machine's (a pod's) name: which of a site's valves answered.
-fn host_name() -> &'static str {
-    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    HOST.get_or_init(|| {
-        std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
-    })
-}
-
 fn valve_user() -> &'static str {
     static USER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     USER.get_or_init(|| {

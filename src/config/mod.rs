@@ -60,3 +60,12 @@ pub use source::{LoadError, Source};
 pub use table::{summary, table};
 pub use uid_store::UidNotes;
 pub use users::{blocked_ancestor, Account, AccountKind, Isolation, Kernel, RunAs, DEFAULT_UID_RANGE};
+
+/// The machine's name (a pod's, under Kubernetes): which of a site's valves
+/// this is, in status, usage files and locks; empty if the kernel says none.
+pub fn host_name() -> &'static str {
+    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
+    })
+}

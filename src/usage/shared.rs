@@ -22,8 +22,10 @@ const EXT: &str = "jsonl";
 
 /// This valve's name among those sharing a usage folder.
 pub fn replica_name(state_dir: &Path) -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
-    let host: String = host.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+    let host: String = crate::config::host_name()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .collect();
     let host = if host.is_empty() { "valve".to_string() } else { host };
     // FNV-1a of the state folder: two valves on one host apart.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;

@@ -44,8 +44,7 @@ fn seen(path: &Path) -> Option<(String, Option<SystemTime>)> {
 /// Who valve is among the valves sharing a folder: the host's name (a
 /// pod's name under Kubernetes) and the process.
 pub fn holder_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string());
-    let host = host.ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "a valve".to_string());
+    let host = Some(crate::config::host_name()).filter(|h| !h.is_empty()).unwrap_or("a valve");
     format!("{host} (pid {})", std::process::id())
 }
 
