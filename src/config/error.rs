@@ -154,6 +154,12 @@ pub(super) fn parse_log_buffer(flag: &'static str, value: &str) -> Result<u64, C
     parse_size(flag, value)
 }
 
+/// Whether a `usage_log` path names a folder, shared by a site's valves:
+/// one that exists, or a path ending in `/` (made at start).
+pub fn usage_log_is_folder(path: &std::path::Path) -> bool {
+    path.is_dir() || path.as_os_str().as_encoded_bytes().ends_with(b"/")
+}
+
 /// What is wrong with a usage log's path: it must name a file in a folder
 /// that exists, or a folder (shared by the valves of a site: each writes a
 /// file of its own there and reads the others').

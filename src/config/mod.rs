@@ -48,7 +48,7 @@ mod users;
 
 pub use access::{Allow, AuthService, Cidr, Trust};
 pub use discover::{index_html, AppSource};
-pub use error::{parse_seconds, parse_size, ConfigError};
+pub use error::{parse_seconds, parse_size, usage_log_is_folder, ConfigError};
 pub use flags::{Args, Command, PackageFlags};
 pub use model::{
     is_admin_path, normal_prefix, valid_name, AppConfig, Config, PackageSettings, Server, Transport, ADMIN_PREFIX,

@@ -25,8 +25,6 @@ pub struct Store {
     /// Where the table was kept before (the state folder, when it is now
     /// in `publish_dir`): read from there until it is written here.
     pub moved_from: Option<PathBuf>,
-    /// The folder's setting, in messages.
-    pub label: &'static str,
 }
 
 /// Said about the uids when a configuration is loaded.
@@ -51,10 +49,17 @@ impl Store {
     /// The table of a site: in `publish_dir` if publishing is on, else in `state_dir`.
     pub fn of_site(state_dir: &Path, publish_dir: Option<&Path>, record: bool) -> Store {
         match publish_dir {
-            Some(p) => {
-                Store { dir: p.to_path_buf(), record, moved_from: Some(state_dir.to_path_buf()), label: "publish_dir" }
-            }
-            None => Store { dir: state_dir.to_path_buf(), record, moved_from: None, label: "state_dir" },
+            Some(p) => Store { dir: p.to_path_buf(), record, moved_from: Some(state_dir.to_path_buf()) },
+            None => Store { dir: state_dir.to_path_buf(), record, moved_from: None },
+        }
+    }
+
+    /// The folder's setting, in messages.
+    fn label(&self) -> &'static str {
+        if self.moved_from.is_some() {
+            "publish_dir"
+        } else {
+            "state_dir"
         }
     }
 
@@ -84,7 +89,7 @@ impl Store {
             "app uids: the table moved from {} to {}, where every valve sharing {} reads it",
             old.display(),
             self.dir.display(),
-            self.label
+            self.label()
         )))
     }
 
@@ -179,7 +184,7 @@ impl Store {
                 return Err(format!("{what} {}: cannot read it: {e} (a symbolic link is not followed)", path.display()))
             }
         };
-        secret_file::check(&self.dir, self.label, Holds::NoSecret)?;
+        secret_file::check(&self.dir, self.label(), Holds::NoSecret)?;
         let meta = file.metadata().map_err(|e| format!("{what} {}: {e}", path.display()))?;
         secret_file::judge_meta(path, what, &meta, Holds::NoSecret)?;
         let mut text = String::new();
@@ -197,7 +202,7 @@ impl Store {
         if !self.dir.exists() {
             std::fs::create_dir_all(&self.dir)
                 .and_then(|()| std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o711)))
-                .map_err(|e| format!("{} {}: cannot create it: {e}", self.label, self.dir.display()))?;
+                .map_err(|e| format!("{} {}: cannot create it: {e}", self.label(), self.dir.display()))?;
         }
         Ok(())
     }
@@ -231,7 +236,7 @@ impl Store {
     fn write_table(&self, path: &Path, table: &Table) -> Result<(), String> {
         let bad = |e: std::io::Error| format!("the app uid table {}: cannot write it: {e}", path.display());
         self.make_dir()?;
-        secret_file::check(&self.dir, self.label, Holds::NoSecret)?;
+        secret_file::check(&self.dir, self.label(), Holds::NoSecret)?;
         let tmp = self.dir.join(format!("uids.tmp.{}", std::process::id()));
         match std::fs::remove_file(&tmp) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(bad(e)),

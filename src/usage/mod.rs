@@ -58,7 +58,7 @@ impl Settings {
     /// The folder shared with other valves, if `usage_log` names one (one
     /// that exists, or a path ending in `/`: made at start).
     pub fn shared_dir(&self) -> Option<&std::path::Path> {
-        self.log.as_deref().filter(|p| names_folder(p))
+        self.log.as_deref().filter(|p| crate::config::usage_log_is_folder(p))
     }
 
     /// The file this valve appends to.
@@ -82,11 +82,6 @@ impl Settings {
             PathBuf::from(name)
         })
     }
-}
-
-/// Whether a `usage_log` path names a folder: one that exists, or a path ending in `/`.
-pub fn names_folder(path: &std::path::Path) -> bool {
-    path.is_dir() || path.as_os_str().as_encoded_bytes().ends_with(b"/")
 }
 
 /// Why the usage log could not be opened at start.

@@ -383,14 +383,16 @@ async fn task(
         Shape::V1 => (get("first").unwrap_or(0.0), get("wait").unwrap_or(0.0)),
     };
     let (first, wait) = (first.max(0.0) as usize, Duration::from_secs_f64(wait.clamp(0.0, 30.0)));
-    let lease = crate::config::publish::app_dir(&p.settings.dir, &app).join(super::deploy::DEPLOY_LOCK);
-    let shared = async { p.tasks.shared_page(number.unwrap_or_default(), first, wait, &lease).await };
-    let page = match local {
-        Some(task) => task.page(first, wait).await,
-        None => shared
-            .await
-            .ok_or_else(|| Fail::new(StatusCode::NOT_FOUND, format!("task {id:?} was removed while it was read")))?,
+    let page = match (local, number) {
+        (Some(task), _) => Some(task.page(first, wait).await),
+        (None, Some(n)) => {
+            let lease = crate::config::publish::app_dir(&p.settings.dir, &app).join(super::deploy::DEPLOY_LOCK);
+            p.tasks.shared_page(n, first, wait, &lease).await
+        }
+        (None, None) => None,
     };
+    let page =
+        page.ok_or_else(|| Fail::new(StatusCode::NOT_FOUND, format!("task {id:?} was removed while it was read")))?;
     Ok(json(
         StatusCode::OK,
         match shape {

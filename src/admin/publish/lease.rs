@@ -121,19 +121,45 @@ fn gave_up(path: &Path, holder: &str, waited: Duration) -> String {
     )
 }
 
+/// One taker's tries at a lease: who it is, until when it waits, what it saw.
+struct Taking<'a> {
+    path: &'a Path,
+    holder: String,
+    mine: String,
+    stale: Duration,
+    wait: Duration,
+    deadline: Instant,
+    watch: Watch,
+}
+
+impl<'a> Taking<'a> {
+    fn new(path: &'a Path, stale: Duration, wait: Duration) -> Taking<'a> {
+        let (holder, mine) = (holder_name(), token());
+        Taking { path, holder, mine, stale, wait, deadline: Instant::now() + wait, watch: Watch::new() }
+    }
+
+    /// One try: the lease, or who holds it (wait and try again); an error
+    /// once the wait is over or the lock cannot be made.
+    fn attempt(&mut self) -> Result<Result<Lease, String>, String> {
+        match try_take(self.path, &self.holder, &self.mine) {
+            Ok(Ok(lease)) => Ok(Ok(lease)),
+            Ok(Err(other)) if Instant::now() >= self.deadline => Err(gave_up(self.path, &other, self.wait)),
+            Ok(Err(other)) => {
+                self.watch.check(self.path, self.stale, &self.mine);
+                Ok(Err(other))
+            }
+            Err(e) => Err(format!("cannot make the lock {}: {e} (is publish_dir writable?)", self.path.display())),
+        }
+    }
+}
+
 /// Takes the lease at `path`, waiting (the thread sleeps) at most `wait`.
 pub fn take_blocking(path: &Path, stale: Duration, wait: Duration) -> Result<Lease, String> {
-    let (holder, mine) = (holder_name(), token());
-    let deadline = Instant::now() + wait;
-    let mut watch = Watch::new();
+    let mut taking = Taking::new(path, stale, wait);
     loop {
-        match try_take(path, &holder, &mine) {
-            Ok(Ok(lease)) => return Ok(lease),
-            Ok(Err(other)) if Instant::now() >= deadline => return Err(gave_up(path, &other, wait)),
-            Ok(Err(_)) => {}
-            Err(e) => return Err(format!("cannot make the lock {}: {e} (is publish_dir writable?)", path.display())),
+        if let Ok(lease) = taking.attempt()? {
+            return Ok(lease);
         }
-        watch.check(path, stale, &mine);
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -141,22 +167,17 @@ pub fn take_blocking(path: &Path, stale: Duration, wait: Duration) -> Result<Lea
 /// Takes the lease at `path`, waiting at most `wait`; `waiting` is told
 /// once who holds it, if anyone does.
 pub async fn take(path: &Path, stale: Duration, wait: Duration, waiting: impl FnOnce(&str)) -> Result<Lease, String> {
-    let (holder, mine) = (holder_name(), token());
-    let deadline = Instant::now() + wait;
-    let mut watch = Watch::new();
+    let mut taking = Taking::new(path, stale, wait);
     let mut waiting = Some(waiting);
     loop {
-        match try_take(path, &holder, &mine) {
-            Ok(Ok(lease)) => return Ok(lease),
-            Ok(Err(other)) if Instant::now() >= deadline => return Err(gave_up(path, &other, wait)),
-            Ok(Err(other)) => {
+        match taking.attempt()? {
+            Ok(lease) => return Ok(lease),
+            Err(other) => {
                 if let Some(tell) = waiting.take() {
                     tell(&other);
                 }
             }
-            Err(e) => return Err(format!("cannot make the lock {}: {e} (is publish_dir writable?)", path.display())),
         }
-        watch.check(path, stale, &mine);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

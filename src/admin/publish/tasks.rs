@@ -199,7 +199,7 @@ impl Tasks {
                 inner.remove(&old);
             }
         }
-        let file = self.shared.as_ref().map(|d| d.join(format!("{id}.jsonl")));
+        let file = self.file_of(id);
         let task = Arc::new(Task { id, app: app.to_string(), file, ..Task::default() });
         task.append(&serde_json::json!({ "app": app, "valve": super::lease::holder_name() }));
         inner.insert(id, task.clone());
@@ -214,9 +214,14 @@ impl Tasks {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
     }
 
+    /// Where task `id`'s log is shared.
+    fn file_of(&self, id: u64) -> Option<PathBuf> {
+        self.shared.as_ref().map(|d| d.join(format!("{id}.jsonl")))
+    }
+
     /// The app of a task another valve sharing `publish_dir` runs or ran.
     pub fn shared_app(&self, id: u64) -> Option<String> {
-        read_shared(&self.shared.as_ref()?.join(format!("{id}.jsonl")), usize::MAX).map(|(app, _)| app)
+        read_shared(&self.file_of(id)?, usize::MAX).map(|(app, _)| app)
     }
 
     /// A page of another valve's task, as `Task::page` reads one of this
@@ -226,7 +231,7 @@ impl Tasks {
     /// renews the lease every 2 s while it deploys) was left by a valve that
     /// died: it reads as failed, saying so.
     pub async fn shared_page(&self, id: u64, first: usize, wait: Duration, lease: &Path) -> Option<Page> {
-        let file = self.shared.as_ref()?.join(format!("{id}.jsonl"));
+        let file = self.file_of(id)?;
         let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
         loop {
             let (_, mut page) = read_shared(&file, first)?;
