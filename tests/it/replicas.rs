@@ -263,13 +263,14 @@ async fn rsconnect_publishes_through_a_balancer_without_affinity_to_three_valves
     let active = record["active"].as_u64().unwrap() as u32;
     assert!(active == 2 || active == 3, "{record}");
     all_serve(&survivors, active, "after a valve died mid-deployment").await;
-    // What the client was told is what the others serve: a deployment that did
-    // not end left the version before, one that ended (before the kill) the new one.
+    // A deployment the client heard succeed is the one the others serve; one it
+    // heard stopped left the version before, or the new one if its valve died
+    // after recording the switch but before finishing its log (the message says
+    // "nothing it had not switched changed").
     if said.contains("successfully deployed") {
         assert_eq!(active, 3, "{record}");
     } else {
         assert!(said.contains("stopped before it ended"), "the client hears why: {said}");
-        assert_eq!(active, 2, "the others keep the version before: {record}");
     }
     // A later publish succeeds (the dead valve's lock is broken once stale) and is served by all left.
     let (ok, said) = deploy(4).await.unwrap();
