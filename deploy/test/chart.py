@@ -101,6 +101,7 @@ SETS = {
     "publishing": ["--set", "publishing.enabled=true", "--set", "publishing.keysSecret=valve-keys",
                    "--set", "isolation=users"],
     "isolation=view": ["--set", "isolation=view"],
+    "isolation=shared": ["--set", "isolation=shared"],
     "isolation=view-unconfined": ["--set", "isolation=view", "--set", "viewSeccompProfile=Unconfined"],
 }
 
@@ -176,7 +177,7 @@ def check_defaults(docs):
 
 def check_isolation(name, by_version):
     """Each `isolation` value's security contexts, volumes and state directory."""
-    mode = name.split("=")[1].split("-")[0] if name.startswith("isolation=") else "shared"
+    mode = name.split("=")[1].split("-")[0] if name.startswith("isolation=") else "landlock"
     docs = by_version[KUBE_VERSIONS[-1]]
     pod = find(docs, "Deployment")["spec"]["template"]["spec"]
     c = container(docs)
@@ -192,9 +193,15 @@ def check_isolation(name, by_version):
         fail(f"{what}: valve's container must keep a read-only root and no privilege escalation: {sc}")
     if not pod["securityContext"].get("runAsNonRoot") or pod["securityContext"].get("runAsUser") != 10001:
         fail(f"{what}: the pod (and any sidecar) must stay non-root: {pod['securityContext']}")
-    if mode == "shared":
-        if "add" in caps or "runAsUser" in sc or "state" in volumes or "VALVE_STATE_DIR" in env:
+    if mode in ("landlock", "shared"):
+        if "add" in caps or "runAsUser" in sc:
             fail(f"{what}: valve's container must run as the pod's non-root user with no capability added: {sc}")
+        if mode == "shared" and ("state" in volumes or "VALVE_STATE_DIR" in env or env.get("VALVE_ISOLATION") != "none"):
+            fail(f"{what}: no state directory, and Landlock off (VALVE_ISOLATION=none): env {env}")
+        if mode == "landlock" and ("VALVE_ISOLATION" in env or env.get("VALVE_STATE_DIR") != "/var/lib/valve"
+                                   or mounts.get("state") != "/var/lib/valve" or "emptyDir" not in volumes.get("state", {})):
+            fail(f"{what}: Landlock as valve decides (no VALVE_ISOLATION) and a writable state directory for the "
+                 f"apps' homes (--state-dir on an emptyDir): env {env}, mounts {mounts}")
         return
     if (sc.get("runAsUser"), sc.get("runAsGroup"), sc.get("runAsNonRoot")) != (0, 0, False):
         fail(f"{what}: valve's container must run as root (runAsUser 0, runAsNonRoot false): {sc}")
@@ -366,7 +373,7 @@ def main():
         fail("helm lint accepted a misspelled value (valve.drainDelai)")
     r = run([HELM, "lint", "--strict", CHART, "--set", "isolation=root"])
     if r.returncode == 0:
-        fail("helm lint accepted isolation=root (only shared, users, view)")
+        fail("helm lint accepted isolation=root (only landlock, shared, users, view)")
     r = run([HELM, "lint", "--strict", CHART, "--set", "viewSeccompProfile=Localhost"])
     if r.returncode == 0:
         fail("helm lint accepted viewSeccompProfile=Localhost (only RuntimeDefault, Unconfined)")
@@ -397,7 +404,7 @@ def main():
     if failures:
         sys.exit(1)
     print(f"chart: ok (helm lint --strict on {len(SETS)} value sets; {validated} objects valid under "
-          f"kubernetes-validate --strict for Kubernetes {' and '.join(KUBE_VERSIONS)}; isolation shared, users, view; deploy/kubernetes/ up to date)")
+          f"kubernetes-validate --strict for Kubernetes {' and '.join(KUBE_VERSIONS)}; isolation landlock, shared, users, view; deploy/kubernetes/ up to date)")
 
 
 if __name__ == "__main__":

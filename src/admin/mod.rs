@@ -331,6 +331,7 @@ impl Pages for Admin {
 pub(super) fn isolation(app: &AppConfig, site: Isolation) -> &'static str {
     match app.account.kind {
         AccountKind::Root => "none: runs as root (run_as = \"root\")",
+        AccountKind::Valve if matches!(site, Isolation::Landlock(_)) => site.label(),
         AccountKind::Valve => Isolation::Shared.label(),
         AccountKind::Own | AccountKind::Named => site.label(),
     }

@@ -92,6 +92,7 @@ impl Admin {
             "r_processes": self.fleet.processes(),
             "valve_user": valve_user(),
             "host": crate::config::host_name(),
+            "isolation": isolation_json(self.isolation),
         })
     }
 
@@ -206,4 +207,22 @@ fn valve_user() -> &'static str {
             })
             .unwrap_or_else(|| format!("uid {uid}"))
     })
+}
+
+/// How valve keeps apps apart, and under Landlock what it does and does not
+/// keep each app from (the kernel's ABI decides).
+fn isolation_json(level: crate::config::Isolation) -> serde_json::Value {
+    match level {
+        crate::config::Isolation::Landlock(abi) => {
+            let c = crate::config::LandlockCoverage::of(abi);
+            serde_json::json!({
+                "level": level.label(),
+                "landlock_abi": abi,
+                "complete": c.full(),
+                "protected": c.protected,
+                "unprotected": c.unprotected,
+            })
+        }
+        _ => serde_json::json!({ "level": level.label() }),
+    }
 }

@@ -267,6 +267,12 @@ pub struct Args {
         value_name = "START-END"
     )]
     pub uid_range: String,
+    /// Without root, how apps are kept apart: auto (each app's R under a Landlock ruleset of its
+    /// own where the kernel has Landlock), required (refuse to start unless apps get users of
+    /// their own or a Landlock that covers signals: ABI 6, Linux 6.12), none (no Landlock: every
+    /// app's R reaches what valve's user may).
+    #[arg(long = "isolation", env = "VALVE_ISOLATION", default_value = "auto", value_parser = ["auto", "required", "none"])]
+    pub isolation: String,
     /// The most bytes of each app's log valve keeps in memory: what its R processes print (stdout
     /// and stderr, per worker) and valve's own lines about the app, served at
     /// /__valve__/apps/NAME/logs and live on the app's dashboard page (0: none).

@@ -66,6 +66,7 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "publish_max_files",
     "state_dir",
     "uid_range",
+    "isolation",
     "warm_parent",
     "preload_packages",
     "usage_log",

@@ -59,7 +59,10 @@ pub use rmd::{is_output_of_a_document, Runtime};
 pub use source::{LoadError, Source};
 pub use table::{summary, table};
 pub use uid_store::UidNotes;
-pub use users::{blocked_ancestor, Account, AccountKind, Isolation, Kernel, RunAs, DEFAULT_UID_RANGE};
+pub use users::{
+    blocked_ancestor, Account, AccountKind, Isolation, IsolationSetting, Kernel, LandlockCoverage, RunAs,
+    DEFAULT_UID_RANGE,
+};
 
 /// The machine's name (a pod's, under Kubernetes): which of a site's valves
 /// this is, in status, usage files and locks; empty if the kernel says none.

@@ -59,6 +59,15 @@ impl Config {
                 "valve runs as uid {} and cannot switch users (that needs root): every app's R runs as this same user, so apps can read each other's files, signal each other's workers and valve; run valve as root to give each app a user of its own",
                 self.server.valve_uid
             )),
+            Isolation::Landlock(abi) if r_apps().next().is_some() => {
+                let c = crate::config::LandlockCoverage::of(abi);
+                out.push(format!(
+                    "valve runs as uid {} and cannot switch users: each app's R runs as this same user under a Landlock ruleset of its own ({}){}",
+                    self.server.valve_uid,
+                    c.describe(),
+                    if c.full() { "" } else { "; set isolation = \"required\" to refuse to start with less, or use a kernel with Landlock ABI 6 (Linux 6.12)" }
+                ));
+            }
             Isolation::Users if r_apps().next().is_some() => out.push(
                 "valve cannot make mount namespaces here (a container without CAP_SYS_ADMIN?): each app runs as a user of its own, but sees every file its user may read, so other apps' folders and the config file are hidden only by their permissions (chmod o-rwx them, or give valve CAP_SYS_ADMIN)".into(),
             ),

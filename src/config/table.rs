@@ -77,6 +77,9 @@ pub fn table(config: &Config) -> String {
     }
     let widths: Vec<usize> = (0..6).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
     let mut out = format!("isolation: {}\n", config.server.isolation.label());
+    if let super::Isolation::Landlock(abi) = config.server.isolation {
+        out.push_str(&format!("  {}\n", super::LandlockCoverage::of(abi).describe()));
+    }
     for row in rows {
         let cells: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
         out.push_str("  ");

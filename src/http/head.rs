@@ -11,7 +11,7 @@ use http::{Method, Request, Uri};
 
 use super::body::Payload;
 use super::identity::{to_r, Identity};
-use crate::worker::{ClientAddrs, WireBody, CLIENT_ADDR, CLIENT_PORT};
+use crate::worker::{ClientAddrs, WireBody, CLIENT_ADDR, CLIENT_PORT, LINK};
 
 /// The sticky cookie that ties a browser to its Shiny worker.
 pub(super) const STICKY_COOKIE: &str = "valve_worker";
@@ -195,6 +195,7 @@ pub(super) fn worker_head(
     // Only valve names the client to an httpuv worker (`worker::CLIENT_ADDR`).
     headers.remove(&CLIENT_ADDR);
     headers.remove(&CLIENT_PORT);
+    headers.remove(&LINK);
     if let Some(who) = parts.extensions.get::<Identity>() {
         to_r(&mut headers, who, shiny);
     }

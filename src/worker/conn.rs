@@ -34,6 +34,21 @@ const PING_PATH: &str = "/__valve__/ping";
 pub static CLIENT_ADDR: http::HeaderName = http::HeaderName::from_static("x-valve-remote-addr");
 pub static CLIENT_PORT: http::HeaderName = http::HeaderName::from_static("x-valve-remote-port");
 
+/// The worker's link token, on every request valve sends over a worker's
+/// socket: the launcher answers 403 to a request without it (another
+/// program of the same user, such as another app's R under Landlock, which
+/// cannot be kept from connecting to a pathname socket before Linux 7.1).
+/// The front removes any a client sent.
+pub static LINK: http::HeaderName = http::HeaderName::from_static("x-valve-link");
+
+/// The link token of the worker serving `socket` (`VALVE_LINK_TOKEN` in its
+/// environment): a keyed tag of the path under a key valve makes at start.
+pub fn link_token(socket: &Path) -> String {
+    static KEY: std::sync::OnceLock<crate::mac::Key> = std::sync::OnceLock::new();
+    let key = KEY.get_or_init(crate::mac::Key::random);
+    key.tag_hex(&[b"valve-link", std::os::unix::ffi::OsStrExt::as_bytes(socket.as_os_str())])
+}
+
 fn name_the_client<B>(req: &mut http::Request<B>) {
     let Some(addrs) = req.extensions().get::<ClientAddrs>().copied() else { return };
     let headers = req.headers_mut();
@@ -46,6 +61,8 @@ fn name_the_client<B>(req: &mut http::Request<B>) {
 /// One connection to a worker.
 pub struct Conn {
     kind: Kind,
+    /// The worker's link token (`LINK`), over its socket.
+    link: Option<http::HeaderValue>,
     /// Used for one exchange only, then closed (`Conn::once`).
     once: bool,
     spent: bool,
@@ -69,11 +86,17 @@ impl Conn {
                 tracing::debug!(error = %e, "worker connection closed");
             }
         });
-        Ok(Conn { kind: Kind::Http(sender), once: false, spent: false })
+        Ok(Conn { kind: Kind::Http(sender), link: None, once: false, spent: false })
     }
 
     pub(crate) fn frames(link: Link) -> Conn {
-        Conn { kind: Kind::Frames(link), once: false, spent: false }
+        Conn { kind: Kind::Frames(link), link: None, once: false, spent: false }
+    }
+
+    /// Every request on this connection carries the worker's link token.
+    pub fn linked(mut self, token: &str) -> Conn {
+        self.link = http::HeaderValue::from_str(token).ok();
+        self
     }
 
     /// This connection serves one exchange (a request or a ping) and is then
@@ -112,6 +135,9 @@ impl Conn {
         match &mut self.kind {
             Kind::Http(sender) => {
                 name_the_client(&mut req);
+                if let Some(link) = &self.link {
+                    req.headers_mut().insert(LINK.clone(), link.clone());
+                }
                 Ok(sender.send_request(req).await?.map(AnswerBody::Http))
             }
             Kind::Frames(link) => link.send(req).await,
@@ -130,10 +156,11 @@ impl Conn {
             Kind::Http(sender) => sender,
             Kind::Frames(link) => return link.ping().await.map(Some),
         };
-        let req = http::Request::get(PING_PATH)
-            .header(http::header::HOST, "valve")
-            .body(Empty::new().map_err(|never| match never {}).boxed())
-            .map_err(io::Error::other)?;
+        let mut req = http::Request::get(PING_PATH).header(http::header::HOST, "valve");
+        if let Some(link) = &self.link {
+            req = req.header(LINK.clone(), link.clone());
+        }
+        let req = req.body(Empty::new().map_err(|never| match never {}).boxed()).map_err(io::Error::other)?;
         sender.ready().await.map_err(io::Error::other)?;
         let resp = sender.send_request(req).await.map_err(io::Error::other)?;
         let body = resp.into_body().collect().await.map_err(io::Error::other)?.to_bytes();
@@ -277,7 +304,7 @@ pub async fn connect(socket: &Path, peer: u32, upgradable: bool) -> io::Result<C
             format!("{} is served by uid {served_by}, not the app's worker (uid {peer})", socket.display()),
         ));
     }
-    Conn::handshake(stream, upgradable).await
+    Ok(Conn::handshake(stream, upgradable).await?.linked(&link_token(socket)))
 }
 
 /// Connects to a worker's socket and pings it; returns the connection and the

@@ -97,7 +97,8 @@ impl ForkServer {
         let (fifo, fork) = Fork::expect(spec, id, parent.gone.clone(), "app preload")?;
         // The fork's own frames token goes on the parent's private stdin ("-": none).
         let token = spec.frame_token(id).unwrap_or_else(|| "-".into());
-        let line = format!("fork {id} {} {} {token}\n", socket.display(), fifo.display());
+        let link = super::conn::link_token(&socket);
+        let line = format!("fork {id} {} {} {token} {link}\n", socket.display(), fifo.display());
         if let Err(e) = parent.stdin.write_all(line.as_bytes()).await {
             return Err(StartError::Io(io::Error::other(format!("cannot reach the preload parent: {e}"))));
         }

@@ -84,13 +84,35 @@ local({
     }
     req
   }
+  # valve's link token (VALVE_LINK_TOKEN, read when a request comes: a
+  # preloaded fork learns its own after the app is built) is on every
+  # request valve sends; anything else that reaches the socket (another
+  # program of the same user: under Landlock another app's R can connect to
+  # a pathname socket) gets 403 and never reaches the app.
+  linked <- function(req) {
+    want <- Sys.getenv("VALVE_LINK_TOKEN")
+    !nzchar(want) || identical(req[["HTTP_X_VALVE_LINK"]], want)
+  }
+  refused <- list(status = 403L, headers = list("Content-Type" = "text/plain"),
+                  body = "this socket serves valve only")
+  unlink_req <- function(req) {
+    if (!is.null(req[["HTTP_X_VALVE_LINK"]])) rm("HTTP_X_VALVE_LINK", envir = req)
+    req
+  }
   # The same httpuv app (its static paths too), each hook seeing the client.
   with_client <- function(app) {
     out <- app
-    if (is.function(app$call)) out$call <- function(req) app$call(client_from_valve(req))
-    if (is.function(app$onHeaders)) out$onHeaders <- function(req) app$onHeaders(client_from_valve(req))
+    if (is.function(app$call)) out$call <- function(req) {
+      if (!linked(req)) return(refused)
+      app$call(client_from_valve(unlink_req(req)))
+    }
+    out$onHeaders <- function(req) {
+      if (!linked(req)) return(refused)
+      if (is.function(app$onHeaders)) app$onHeaders(client_from_valve(req)) else NULL
+    }
     if (is.function(app$onWSOpen)) out$onWSOpen <- function(ws) {
-      client_from_valve(ws$request)
+      if (!linked(ws$request)) return(ws$close())
+      client_from_valve(unlink_req(ws$request))
       app$onWSOpen(ws)
     }
     out
@@ -187,7 +209,7 @@ local({
       isTRUE(.C("valve_lifeline", fd, ok = FALSE, PACKAGE = enter_dll[["name"]])$ok)
   }
 
-  become_worker <- function(id, socket, fifo, token, serve) {
+  become_worker <- function(id, socket, fifo, token, link, serve) {
     # Output goes to valve through this fork's own channel, pid first.
     # Write-only: valve holds the FIFO open for reading, so this never waits.
     out <- file(fifo, open = "w", raw = TRUE)
@@ -195,7 +217,7 @@ local({
     flush(out)
     sink(out)
     sink(out, type = "message")
-    Sys.setenv(VALVE_WORKER_ID = id, VALVE_SOCKET = socket)
+    Sys.setenv(VALVE_WORKER_ID = id, VALVE_SOCKET = socket, VALVE_LINK_TOKEN = link)
     if (!identical(token, "-")) Sys.setenv(VALVE_FRAME_TOKEN = token)
     # A fresh individual: R seeds its generator from the time and pid on next use.
     if (exists(".Random.seed", envir = globalenv(), inherits = FALSE)) {
@@ -246,11 +268,11 @@ local({
       line <- readLines(commands, n = 1)
       if (length(line) == 0) quit(save = "no", status = 0)
       words <- strsplit(line, " ", fixed = TRUE)[[1]]
-      if (length(words) != 5 || words[1] != "fork") next
+      if (length(words) != 6 || words[1] != "fork") next
       child <- parallel:::mcfork(estranged = TRUE)
       if (inherits(child, "masterProcess")) {
         close(commands)
-        return(become_worker(words[2], words[3], words[4], words[5], serve))
+        return(become_worker(words[2], words[3], words[4], words[5], words[6], serve))
       }
     }
   }

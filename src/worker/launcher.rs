@@ -149,7 +149,10 @@ async fn spawn_plain(
     engine_port: Option<u16>,
 ) -> Result<Plain, StartError> {
     let mut cmd = spec.command("plain")?;
-    cmd.env("VALVE_SOCKET", socket).env("VALVE_WORKER_ID", id.to_string()).stdin(Stdio::null());
+    cmd.env("VALVE_SOCKET", socket)
+        .env("VALVE_LINK_TOKEN", super::conn::link_token(socket))
+        .env("VALVE_WORKER_ID", id.to_string())
+        .stdin(Stdio::null());
     if let Some(token) = spec.frame_token(id) {
         cmd.env("VALVE_FRAME_TOKEN", token);
     }

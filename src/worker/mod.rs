@@ -41,7 +41,8 @@ mod wire;
 pub mod zygote;
 
 pub use conn::{
-    connect, probe, Conn, Connect, EngineConnector, SocketConnector, TcpConnector, CLIENT_ADDR, CLIENT_PORT,
+    connect, link_token, probe, Conn, Connect, EngineConnector, SocketConnector, TcpConnector, CLIENT_ADDR,
+    CLIENT_PORT, LINK,
 };
 pub use frames::FrameHub;
 pub use launcher::{NoWorkers, RLauncher};

@@ -87,17 +87,18 @@ impl BuildDir {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let name = format!("valve-build-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         match (spec.owner(), spec.private_tmp()) {
-            (Some(owner), Some((outside, inside))) => {
+            // The app's own temporary folder: its user's, or (under Landlock) valve's and the app's to write.
+            (owner, Some((outside, inside))) => {
                 let parent = safe::open_dir(&outside)?;
-                drop(safe::owned_dir(&parent, &name, 0o700, Some(owner))?);
+                drop(safe::owned_dir(&parent, &name, 0o700, owner)?);
                 Ok(BuildDir {
                     outside: outside.join(&name),
                     inside: inside.join(&name),
                     parent: Some((parent, name)),
-                    uid: owner.0,
+                    uid: owner.map_or_else(|| rustix::process::geteuid().as_raw(), |o| o.0),
                 })
             }
-            _ => {
+            (_, None) => {
                 std::fs::create_dir_all(fallback)?;
                 let parent = safe::open_dir(fallback)?;
                 drop(safe::valve_dir(&parent, &name, 0o755)?);

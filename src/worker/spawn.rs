@@ -299,7 +299,7 @@ impl Spec {
     /// entering the app's sandbox between fork and exec.
     pub(super) fn command(&self, mode: &str) -> io::Result<Launchable> {
         let mut cmd = Command::new(&self.r_bin);
-        if self.switches_user() {
+        if self.isolated() {
             // Of valve's own environment, only what `sandbox::inherited` allows.
             cmd.env_clear().envs(sandbox::allowed_env());
         }
@@ -364,16 +364,16 @@ impl Spec {
         env
     }
 
-    /// Whether the app's workers run as its own user (then they inherit
-    /// only what `sandbox::inherited` allows of valve's environment).
-    pub(super) fn switches_user(&self) -> bool {
-        self.sandbox.as_ref().is_some_and(|(s, _)| s.switch)
+    /// Whether the app is kept from the others (its own user, or Landlock):
+    /// then its workers inherit only what `sandbox::inherited` allows.
+    pub(super) fn isolated(&self) -> bool {
+        self.sandbox.as_ref().is_some_and(|(s, _)| s.isolated())
     }
 
     /// Variables of valve's own environment a worker must not have (a warm
     /// fork unsets them: it starts from the parent's, which is valve's).
     pub(super) fn env_removed(&self) -> Vec<String> {
-        if self.switches_user() {
+        if self.isolated() {
             sandbox::disallowed_env_names()
         } else {
             Vec::new()

@@ -200,7 +200,7 @@ fn bad_isolation_settings_stop_valve_with_exit_2_naming_the_app_and_the_fix() {
 }
 
 #[test]
-fn as_an_ordinary_user_valve_says_apps_share_its_user_and_serves_them() {
+fn as_an_ordinary_user_with_isolation_none_valve_says_apps_share_its_user_and_serves_them() {
     need_r_packages(&["plumber"]);
     assert!(as_root(), "this test switches to an ordinary user: run the tests as root, as CI does");
     let dir = app_dir();
@@ -215,6 +215,7 @@ fn as_an_ordinary_user_valve_says_apps_share_its_user_and_serves_them() {
         std::os::unix::process::CommandExt::gid(&mut cmd, nobody);
         cmd.args(["--check", "-f", api.to_str().unwrap()])
             .env("VALVE_STATE_DIR", dir.path().join("state"))
+            .env("VALVE_ISOLATION", "none")
             .output()
             .unwrap()
     };
@@ -222,7 +223,7 @@ fn as_an_ordinary_user_valve_says_apps_share_its_user_and_serves_them() {
     assert!(check.status.success(), "{said}");
     assert!(said.contains("isolation: shared with valve"), "{said}");
     assert!(said.contains("every app's R runs as this same user"), "{said}");
-    let v = Valve::start_as(Some(nobody), &["-f", api.to_str().unwrap()], &[], None, |_| {});
+    let v = Valve::start_as(Some(nobody), &["-f", api.to_str().unwrap()], &[("VALVE_ISOLATION", "none")], None, |_| {});
     assert!(v.log().contains("every app's R runs as this same user"), "the warning at start");
     let (_, uid) = get(&v.get("/uid"));
     assert_eq!(uid, "[65534]", "the app serves, as valve's own user");

@@ -14,6 +14,7 @@ mod guard;
 mod harness;
 mod identity;
 mod isolation;
+mod landlock;
 mod layers;
 mod lifecycle;
 mod observe;

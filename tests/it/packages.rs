@@ -276,9 +276,22 @@ async fn a_published_bundle_gets_its_versions_a_redeploy_takes_them_from_the_cac
 /// app's files are not there to read.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_configure_script_cannot_write_outside_its_build_folder_nor_read_another_apps_files() {
-    need_r_packages(&["plumber"]);
     assert!(as_root(), "this test checks the sandbox valve gives builds as root: run the tests as root, as CI does");
-    let outside = std::env::temp_dir().join(format!("valve-configure-wrote-{}", std::process::id()));
+    configure_cannot_escape(None).await;
+}
+
+/// The same under Landlock: valve as an ordinary user (nobody), every folder
+/// the script tries its user's own, so only the app's ruleset stops it.
+#[tokio::test(flavor = "multi_thread")]
+async fn under_landlock_a_configure_script_cannot_write_outside_its_build_folder_nor_read_another_apps_files() {
+    assert!(as_root(), "this test switches to an ordinary user: run the tests as root, as CI does");
+    configure_cannot_escape(Some(65534)).await;
+}
+
+async fn configure_cannot_escape(as_user: Option<u32>) {
+    need_r_packages(&["plumber"]);
+    let outside =
+        std::env::temp_dir().join(format!("valve-configure-wrote-{}-{}", std::process::id(), as_user.unwrap_or(0)));
     let _ = std::fs::remove_file(&outside);
     let work = app_dir();
     let site = work.path().join("site");
@@ -303,15 +316,28 @@ async fn a_configure_script_cannot_write_outside_its_build_folder_nor_read_anoth
         "#* @get /seen\nfunction() readLines(system.file(\"seen.txt\", package = \"nosy\"))\n",
     )
     .unwrap();
-    let valve = Valve::start(&[
-        "--site",
-        site.to_str().unwrap(),
-        "--package-cache",
-        work.path().join("cache").to_str().unwrap(),
-    ]);
+    if let Some(uid) = as_user {
+        let chown = std::process::Command::new("chown")
+            .args(["-R", &format!("{uid}:{uid}"), work.path().to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(chown.success());
+    }
+    let (state, cache) = (work.path().join("state"), work.path().join("cache"));
+    let valve = Valve::start_as(
+        as_user,
+        &["--site", site.to_str().unwrap(), "--package-cache", cache.to_str().unwrap()],
+        &[("VALVE_STATE_DIR", state.to_str().unwrap())],
+        None,
+        |_| {},
+    );
+    if as_user.is_some() {
+        assert_eq!(valve.status()["isolation"]["level"], "valve's user, Landlock");
+    }
     let (code, seen) = get(&valve.get("/nosy/seen")).await;
     assert_eq!(code, 200, "{seen}\n{}", valve.log());
     assert!(valve.log().contains("nosy 0.1: built from source"), "{}", valve.log());
+    assert!(seen.contains("unreadable"), "the script ran and says what it saw: {seen}");
     assert!(!seen.contains("secret") && !seen.contains("READ"), "the build read another app's file: {seen}");
     assert!(!seen.contains("WROTE") || !outside.exists(), "{seen}");
     assert!(!outside.exists(), "the build wrote {} on the server", outside.display());

@@ -129,7 +129,7 @@ impl Publisher {
         let keys = read_keys(&settings.keys_file).unwrap_or_default();
         let started = reloader.started();
         let modes = match started.server.isolation {
-            crate::config::Isolation::Shared => Modes::Open,
+            crate::config::Isolation::Shared | crate::config::Isolation::Landlock(_) => Modes::Open,
             _ => Modes::Group,
         };
         if modes == Modes::Group {

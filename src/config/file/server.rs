@@ -12,7 +12,7 @@ use crate::config::flags::package_list;
 use crate::config::model::{self, AppConfig, Server};
 use crate::config::otel::{self, Given, Otlp};
 use crate::config::publish::Publishing;
-use crate::config::users::{parse_uid_range, Isolation};
+use crate::config::users::{parse_uid_range, Isolation, IsolationSetting};
 
 impl Cx<'_> {
     /// `preload_packages`: a list of R package names (or one comma-separated string).
@@ -41,6 +41,29 @@ impl Cx<'_> {
                     v.span(),
                     "preload_packages must be a list of R package names, such as [\"dplyr\", \"ggplot2\"]".into(),
                 );
+                None
+            }
+        }
+    }
+
+    /// `isolation`: the file's, else the flag's, decided on the measured kernel.
+    fn isolation(&mut self) -> Option<Isolation> {
+        let value = self.string("isolation", None, &self.args.isolation.clone())?;
+        let span = self.pick("isolation", None).map(|v| v.span());
+        let setting = match IsolationSetting::parse(&value) {
+            Ok(s) => s,
+            Err(why) => {
+                self.at(span.unwrap_or(0..0), format!("isolation = {why}"));
+                return None;
+            }
+        };
+        match Isolation::decide(&self.args.kernel, setting) {
+            Ok(level) => Some(level),
+            Err(why) => {
+                match span {
+                    Some(span) => self.at(span, why),
+                    None => self.nowhere(why),
+                }
                 None
             }
         }
@@ -91,6 +114,7 @@ impl Cx<'_> {
             let v = self.pick("log_format", None).map(|v| v.span()).unwrap_or(0..0);
             self.at(v, format!("log_format = {log_format:?}: use \"text\" or \"json\""));
         }
+        let isolation = self.isolation();
         let (shiny_session_buffer, shiny_buffer_total) = self.shiny_buffers();
         let trust = self.trust();
         let state_dir = match self.pick("state_dir", None) {
@@ -130,7 +154,7 @@ impl Cx<'_> {
             publish,
             private_paths: vec![config_file, state_dir.clone()],
             state_dir,
-            isolation: Isolation::from_kernel(&a.kernel),
+            isolation: isolation?,
             valve_uid: a.kernel.uid,
             usage_log: usage_log?,
             usage_anonymize: usage_anonymize?,

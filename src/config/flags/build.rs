@@ -17,7 +17,7 @@ use crate::config::publish::{self, Candidate, Publishing};
 use crate::config::settle::{settle, PublishedCheck, Unfit};
 use crate::config::site;
 use crate::config::uid_store::Store;
-use crate::config::users::{parse_uid_range, Isolation, RunAs};
+use crate::config::users::{parse_uid_range, Isolation, IsolationSetting, RunAs};
 
 impl Args {
     /// `--publish-dir` and its companions, checked; the keys file is read.
@@ -257,7 +257,8 @@ impl Args {
                 private_paths.push(state_dir.clone());
                 state_dir
             },
-            isolation: Isolation::from_kernel(&self.kernel),
+            isolation: Isolation::decide(&self.kernel, IsolationSetting::parse(&self.isolation).unwrap_or_default())
+                .map_err(ConfigError::Isolation)?,
             valve_uid: self.kernel.uid,
             private_paths,
             usage_log: self.usage_log.clone(),

@@ -140,16 +140,16 @@ impl RunFolder {
 }
 
 /// `RUN/tmp/NAME`: the app's temporary folder (gone with the run directory).
-pub fn private_tmp(run_dir: &Path, app: &str, account: &Account) -> io::Result<PathBuf> {
+pub fn private_tmp(run_dir: &Path, app: &str, account: Option<&Account>) -> io::Result<PathBuf> {
     let tmps = run_dir.join("tmp");
     ensure(&tmps, 0o711, None)?;
     let dir = tmps.join(app);
-    ensure(&dir, 0o700, owner(account))?;
+    ensure(&dir, 0o700, account.and_then(owner))?;
     Ok(dir)
 }
 
 /// `STATE/apps/NAME/home`: the app's home, kept across runs.
-pub fn private_home(state_dir: &Path, app: &str, account: &Account) -> io::Result<PathBuf> {
+pub fn private_home(state_dir: &Path, app: &str, account: Option<&Account>) -> io::Result<PathBuf> {
     if !state_dir.exists() {
         ensure(state_dir, 0o711, None)?;
     }
@@ -157,6 +157,6 @@ pub fn private_home(state_dir: &Path, app: &str, account: &Account) -> io::Resul
     ensure(&apps, 0o711, None)?;
     ensure(&apps.join(app), 0o711, None)?;
     let home = apps.join(app).join("home");
-    ensure(&home, 0o700, owner(account))?;
+    ensure(&home, 0o700, account.and_then(owner))?;
     Ok(home)
 }

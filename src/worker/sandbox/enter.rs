@@ -18,6 +18,7 @@ use rustix::fs::{Gid, Mode, Uid, CWD};
 use rustix::mount::{MountFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags};
 use rustix::process::{Resource, Rlimit};
 
+use super::landlock::{self, Ruleset};
 use super::view::{prefixes, Cover, Steps};
 
 /// The most trees one view clones (the private /tmp, the app's folder, its
@@ -32,6 +33,8 @@ pub struct Prepared {
     data_limit: Option<u64>,
     oom_score_adj: Option<CString>,
     ids: Option<Ids>,
+    /// The app's Landlock ruleset, built once, entered last.
+    landlock: Option<Ruleset>,
     /// Each step's name, by number, for the parent's error message.
     names: Vec<String>,
     /// The same steps as lines for the C executor a warm parent's fork runs
@@ -74,6 +77,7 @@ pub struct Spec<'a> {
     pub data_limit: Option<u64>,
     pub oom_score_adj: Option<i32>,
     pub ids: Option<(u32, u32, &'a [u32])>,
+    pub landlock: Option<&'a landlock::Rules>,
 }
 
 impl Prepared {
@@ -162,7 +166,17 @@ impl Prepared {
                 groups: groups.iter().map(|g| Gid::from_raw(*g)).collect(),
             }
         });
-        Ok(Prepared { view, workdir, data_limit: spec.data_limit, oom_score_adj, ids, names, lines })
+        let landlock = match spec.landlock {
+            Some(rules) => {
+                names.push(format!(
+                    "the app's Landlock ruleset ({} rules; no new privileges, landlock_restrict_self)",
+                    rules.paths.len()
+                ));
+                Some(Ruleset::new(rules)?)
+            }
+            None => None,
+        };
+        Ok(Prepared { view, workdir, data_limit: spec.data_limit, oom_score_adj, ids, landlock, names, lines })
     }
 
     /// The steps as the C executor of a warm parent's fork reads them.
@@ -177,7 +191,11 @@ impl Prepared {
 
     /// Whether entering changes anything at all.
     pub fn is_empty(&self) -> bool {
-        self.view.is_none() && self.data_limit.is_none() && self.oom_score_adj.is_none() && self.ids.is_none()
+        self.view.is_none()
+            && self.data_limit.is_none()
+            && self.oom_score_adj.is_none()
+            && self.ids.is_none()
+            && self.landlock.is_none()
     }
 
     /// Runs every step, in order, in the forked child. On failure, returns
@@ -253,6 +271,9 @@ impl Prepared {
             next(rustix::thread::set_thread_res_uid(ids.uid, ids.uid, ids.uid).map_err(Into::into))?;
             next(rustix::thread::set_no_new_privs(true).map_err(Into::into))?;
         }
+        if let Some(ruleset) = &self.landlock {
+            next(ruleset.restrict())?;
+        }
         Ok(())
     }
 }
@@ -292,6 +313,9 @@ fn fork_lines(spec: &Spec<'_>) -> Vec<String> {
         out.push(format!("gid {gid}"));
         out.push(format!("uid {uid}"));
         out.push("nonewprivs".to_string());
+    }
+    if let Some(rules) = spec.landlock {
+        out.extend(landlock::lines(rules));
     }
     out
 }

@@ -10,6 +10,7 @@
 mod as_user;
 mod dirs;
 mod enter;
+pub mod landlock;
 mod probe;
 pub(crate) mod safe;
 pub mod view;
@@ -78,6 +79,8 @@ pub struct Sandbox {
     pub run: RunFolder,
     /// Its private view of the files, where the kernel allows one.
     pub view: Option<View>,
+    /// Its Landlock rules (valve without root: the app shares valve's user).
+    pub landlock: Option<landlock::Rules>,
     pub memory_limit: Option<u64>,
     /// Its working directory.
     pub workdir: PathBuf,
@@ -95,8 +98,12 @@ impl Sandbox {
         let workdir = absolute(&app.source.workdir());
         let account = app.account.clone();
         let switch = account.isolated();
+        let landlock = match site.isolation {
+            Isolation::Landlock(abi) if !switch => Some(abi),
+            _ => None,
+        };
         let run = dirs::app_run_dir(run_dir, &app.name, switch.then_some(&account))?;
-        if !switch {
+        if !switch && landlock.is_none() {
             return Ok(Sandbox {
                 account,
                 switch,
@@ -104,43 +111,54 @@ impl Sandbox {
                 tmp: None,
                 run,
                 view: None,
+                landlock: None,
                 memory_limit: app.memory_limit,
                 workdir,
             });
         }
-        let tmp = dirs::private_tmp(run_dir, &app.name, &account)?;
+        let owner = switch.then_some(&account);
+        let tmp = dirs::private_tmp(run_dir, &app.name, owner)?;
         let home = match &account.home {
             Some(h) => h.clone(),
-            None => dirs::private_home(&site.state_dir, &app.name, &account)?,
+            None => match dirs::private_home(&site.state_dir, &app.name, owner) {
+                Ok(h) => h,
+                // Without root, a state folder valve cannot write (a container's
+                // read-only root) costs the app a home that lasts, not its start.
+                Err(e) if !switch => {
+                    tracing::warn!(app = %app.name, error = %e,
+                        "the app's home is temporary (in valve's run directory, gone when valve stops): set --state-dir to a folder valve can write to keep it");
+                    dirs::private_tmp(&run_dir.join("homes"), &app.name, None)?
+                }
+                Err(e) => return Err(e),
+            },
         };
-        let view = (site.isolation == Isolation::View).then(|| {
-            let own = absolute(&app.folder());
-            let mut hide: Vec<PathBuf> = site
-                .folders
-                .iter()
-                .filter(|(name, folder)| *name != app.name && *folder != own)
-                .map(|(_, f)| f.clone())
-                .collect();
-            hide.extend(site.private.iter().cloned());
-            hide.push(run_dir.to_path_buf());
-            hide.extend(["/home", "/root"].map(PathBuf::from));
-            let mut show = vec![own.clone(), home.clone(), run.path().to_path_buf(), lib_dir(run_dir)];
-            // Its working directory, where that is not its folder (a router
-            // saved with saveRDS() runs where valve was started).
-            if !workdir.starts_with(&own) {
-                show.push(workdir.clone());
-            }
-            show.extend(r_paths(app));
-            if site.packages.is_dir() {
-                show.push(site.packages.clone());
-            }
-            View {
-                hide,
-                show,
-                tmp_at: vec![PathBuf::from("/tmp"), PathBuf::from("/var/tmp")],
-                scratch: vec![PathBuf::from("/dev/shm")],
-                tmp: tmp.clone(),
-            }
+        let own = absolute(&app.folder());
+        let mut hide: Vec<PathBuf> = site
+            .folders
+            .iter()
+            .filter(|(name, folder)| *name != app.name && *folder != own)
+            .map(|(_, f)| f.clone())
+            .collect();
+        hide.extend(site.private.iter().cloned());
+        hide.push(run_dir.to_path_buf());
+        hide.extend(["/home", "/root"].map(PathBuf::from));
+        let mut show = vec![own.clone(), home.clone(), run.path().to_path_buf(), lib_dir(run_dir)];
+        // Its working directory, where that is not its folder (a router
+        // saved with saveRDS() runs where valve was started).
+        if !workdir.starts_with(&own) {
+            show.push(workdir.clone());
+        }
+        show.extend(r_paths(app));
+        if site.packages.is_dir() {
+            show.push(site.packages.clone());
+        }
+        let landlock = landlock.map(|abi| landlock_rules(abi, hide.clone(), show.clone(), &own, &home, &tmp, &run));
+        let view = (site.isolation == Isolation::View).then(|| View {
+            hide,
+            show,
+            tmp_at: vec![PathBuf::from("/tmp"), PathBuf::from("/var/tmp")],
+            scratch: vec![PathBuf::from("/dev/shm")],
+            tmp: tmp.clone(),
         });
         Ok(Sandbox {
             account,
@@ -149,9 +167,15 @@ impl Sandbox {
             tmp: Some(tmp),
             run,
             view,
+            landlock,
             memory_limit: app.memory_limit,
             workdir,
         })
+    }
+
+    /// Whether the app is kept from the others at all (its own user, or Landlock).
+    pub fn isolated(&self) -> bool {
+        self.switch || self.landlock.is_some()
     }
 
     /// The steps and values a forked child needs, computed now.
@@ -175,6 +199,7 @@ impl Sandbox {
             data_limit: self.memory_limit,
             oom_score_adj: Some(OOM_SCORE_ADJ),
             ids: self.switch.then_some((self.account.uid, self.account.gid, groups.as_slice())),
+            landlock: self.landlock.as_ref(),
         })?))
     }
 
@@ -182,9 +207,6 @@ impl Sandbox {
     /// temporary folder and its user's name when it switches users.
     pub fn env(&self) -> Vec<(String, String)> {
         let mut env = Vec::new();
-        if !self.switch {
-            return env;
-        }
         if let Some(h) = &self.home {
             env.push(("HOME".into(), h.display().to_string()));
         }
@@ -196,8 +218,10 @@ impl Sandbox {
         if let Some(t) = tmp {
             env.push(("TMPDIR".into(), t));
         }
-        env.push(("USER".into(), self.account.name.clone()));
-        env.push(("LOGNAME".into(), self.account.name.clone()));
+        if self.switch {
+            env.push(("USER".into(), self.account.name.clone()));
+            env.push(("LOGNAME".into(), self.account.name.clone()));
+        }
         env
     }
 
@@ -205,6 +229,30 @@ impl Sandbox {
     pub fn owner(&self) -> Option<(u32, u32)> {
         self.switch.then_some((self.account.uid, self.account.gid))
     }
+}
+
+/// An app's Landlock rules without root: everything read but what is
+/// hidden (as a private view hides it, and the shared temporary folders,
+/// valve's user's home but its R library); what a view shows, read; its
+/// folder, home, temporary and run folders and the terminal devices, written.
+fn landlock_rules(
+    abi: u32,
+    mut hide: Vec<PathBuf>,
+    mut read: Vec<PathBuf>,
+    own: &Path,
+    home: &Path,
+    tmp: &Path,
+    run: &RunFolder,
+) -> landlock::Rules {
+    hide.extend(["/tmp", "/var/tmp", "/dev/shm"].map(PathBuf::from));
+    if let Some(h) = std::env::var_os("HOME").map(PathBuf::from).filter(|h| h.is_absolute() && h != Path::new("/")) {
+        // A laptop's R library is in the user's home (~/R/...).
+        read.push(h.join("R"));
+        hide.push(h);
+    }
+    let mut write = vec![own.to_path_buf(), home.to_path_buf(), tmp.to_path_buf(), run.path().to_path_buf()];
+    write.extend(["/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/ptmx", "/dev/pts"].map(PathBuf::from));
+    landlock::plan(abi, &hide, &read, &write)
 }
 
 /// Whether a variable of valve's environment reaches an isolated app's R:

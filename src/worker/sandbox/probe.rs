@@ -1,7 +1,8 @@
 //! What the kernel lets this valve do, measured before the configuration
 //! is read: whether a child can become another user and whether it can have
 //! a mount namespace of its own (root in a container often cannot: no
-//! CAP_SYS_ADMIN, or a seccomp filter). Each is tried in a short-lived child.
+//! CAP_SYS_ADMIN, or a seccomp filter), each tried in a short-lived child;
+//! and which Landlock ABI the kernel offers (asked of the kernel).
 
 use std::io;
 use std::process::{Command, Stdio};
@@ -15,8 +16,9 @@ use crate::config::Kernel;
 pub fn probe(try_uid: u32) -> Kernel {
     let uid = rustix::process::geteuid().as_raw();
     let gid = rustix::process::getegid().as_raw();
+    let landlock = super::landlock::abi();
     if uid != 0 {
-        return Kernel { uid, gid, switch_users: false, mount_namespaces: false };
+        return Kernel { uid, gid, switch_users: false, mount_namespaces: false, landlock };
     }
     let switch_users = child_can(move || {
         rustix::thread::set_thread_groups(&[Gid::from_raw(try_uid)])?;
@@ -40,7 +42,7 @@ pub fn probe(try_uid: u32) -> Kernel {
         drop(tree);
         Ok(())
     });
-    Kernel { uid, gid, switch_users, mount_namespaces }
+    Kernel { uid, gid, switch_users, mount_namespaces, landlock }
 }
 
 /// Whether `step` succeeds in a forked child (which then runs valve's own

@@ -20,6 +20,9 @@
  *   gid GID                 real, effective and saved gid
  *   uid UID                 real, effective and saved uid
  *   nonewprivs              PR_SET_NO_NEW_PRIVS
+ *   landlock FS SCOPED      a Landlock ruleset handling those rights and scopes
+ *   lpath RIGHTS PATH       a rule: RIGHTS beneath PATH (as src/worker/sandbox/landlock.rs plans)
+ *   lrestrict               no new privileges, then the ruleset (valve without root)
  *   stdio PATH              stdout and stderr to PATH (the fork's FIFO), stdin
  *                           from /dev/null: nothing of the parent's pipes left.
  *                           valve puts it last, after uid: the FIFO is opened
@@ -73,6 +76,28 @@
 #define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
 #endif
 
+#ifndef SYS_landlock_create_ruleset
+#define SYS_landlock_create_ruleset 444
+#endif
+#ifndef SYS_landlock_add_rule
+#define SYS_landlock_add_rule 445
+#endif
+#ifndef SYS_landlock_restrict_self
+#define SYS_landlock_restrict_self 446
+#endif
+
+/* The kernel's structures (include/uapi/linux/landlock.h), spelt out: the
+ * build machine's headers may predate them. */
+struct valve_ruleset_attr {
+  unsigned long long handled_access_fs;
+  unsigned long long handled_access_net;
+  unsigned long long scoped;
+};
+struct valve_path_beneath {
+  unsigned long long allowed_access;
+  int parent_fd;
+} __attribute__((packed));
+
 #define MAX_CLONES 32
 #define MAX_GROUPS 256
 
@@ -121,8 +146,38 @@ static int open_fifo(const char *path) {
   return -1;
 }
 
-static int step(const char *line, int *clones) {
+static int step(const char *line, int *clones, int *ruleset) {
   const char *a;
+  if ((a = arg(line, "landlock")) != NULL) {
+    char *end;
+    struct valve_ruleset_attr attr = {0, 0, 0};
+    attr.handled_access_fs = strtoull(a, &end, 10);
+    attr.scoped = strtoull(end, NULL, 10);
+    int fd = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0);
+    if (fd < 0) return -1;
+    *ruleset = fd;
+    return 0;
+  }
+  if ((a = arg(line, "lpath")) != NULL) {
+    char *path;
+    struct valve_path_beneath rule;
+    rule.allowed_access = strtoull(a, &path, 10);
+    if (*ruleset < 0 || *path != ' ') { errno = EINVAL; return -1; }
+    int fd = open(path + 1, O_PATH | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT ? 0 : -1; /* gone since valve planned: nothing to give */
+    rule.parent_fd = fd;
+    int r = (int)syscall(SYS_landlock_add_rule, *ruleset, 1 /* LANDLOCK_RULE_PATH_BENEATH */, &rule, 0);
+    close(fd);
+    return r;
+  }
+  if ((a = arg(line, "lrestrict")) != NULL) {
+    if (*ruleset < 0) { errno = EINVAL; return -1; }
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
+    int r = (int)syscall(SYS_landlock_restrict_self, *ruleset, 0);
+    close(*ruleset);
+    *ruleset = -1;
+    return r;
+  }
   if ((a = arg(line, "unshare")) != NULL) return unshare(CLONE_NEWNS);
   if ((a = arg(line, "slave")) != NULL) return mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL);
   if ((a = arg(line, "clone")) != NULL) {
@@ -205,11 +260,12 @@ static int step(const char *line, int *clones) {
 /* R: .C("valve_enter", lines, length(lines), failed = -1L, errno = 0L) */
 void valve_enter(char **lines, int *n, int *failed, int *error) {
   int clones[MAX_CLONES];
+  int ruleset = -1;
   for (int i = 0; i < MAX_CLONES; i++) clones[i] = -1;
   *failed = -1;
   *error = 0;
   for (int i = 0; i < *n; i++) {
-    if (step(lines[i], clones) != 0) {
+    if (step(lines[i], clones, &ruleset) != 0) {
       *failed = i;
       *error = errno;
       break;
@@ -217,6 +273,7 @@ void valve_enter(char **lines, int *n, int *failed, int *error) {
   }
   for (int i = 0; i < MAX_CLONES; i++)
     if (clones[i] >= 0) close(clones[i]);
+  if (ruleset >= 0) close(ruleset);
 }
 
 static void *lifeline(void *arg) {

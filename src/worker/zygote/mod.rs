@@ -299,6 +299,7 @@ fn write_env(spec: &Spec, id: WorkerId, socket: &Path) -> io::Result<PathBuf> {
         env.insert(k, v.to_string_lossy().into_owned());
     }
     env.insert("VALVE_SOCKET".into(), socket.display().to_string());
+    env.insert("VALVE_LINK_TOKEN".into(), crate::worker::conn::link_token(socket));
     env.insert("VALVE_WORKER_ID".into(), id.to_string());
     if let Some(token) = spec.frame_token(id) {
         env.insert("VALVE_FRAME_TOKEN".into(), token);
@@ -309,7 +310,7 @@ fn write_env(spec: &Spec, id: WorkerId, socket: &Path) -> io::Result<PathBuf> {
     // have it; of an app of its own user, only what `sandbox::inherited`
     // allows of valve's environment (`env_removed`), and none of the parent's own.
     let mut unset: Vec<String> = spec.env_removed();
-    let isolated = spec.switches_user();
+    let isolated = spec.isolated();
     for key in ["R_ENVIRON_USER", "R_PROFILE_USER"] {
         match std::env::var(key) {
             Ok(v) => {

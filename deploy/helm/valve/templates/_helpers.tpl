@@ -62,7 +62,7 @@ profiles refuse mounts; seccomp as viewSeccompProfile says). From Kubernetes 1.3
 field here; before, the pod annotation in the Deployment's template. */}}
 {{- define "valve.securityContext" -}}
 {{- $sc := deepCopy .Values.securityContext }}
-{{- if ne .Values.isolation "shared" }}
+{{- if include "valve.asRoot" . }}
 {{- $caps := list "SETUID" "SETGID" "CHOWN" "DAC_OVERRIDE" "FOWNER" "KILL" }}
 {{- if eq .Values.isolation "view" }}
 {{- $caps = append $caps "SYS_ADMIN" }}
@@ -100,4 +100,9 @@ operator's word). Fails the install otherwise; renders nothing.
 {{- if and $many (not $shared) -}}
 {{- fail (printf "publishing.enabled with %s needs a volume every pod mounts: set publishing.volume.accessMode to ReadWriteMany (a storage class that offers it: NFS, CephFS, EFS, Azure Files, Filestore), or publishing.volume.existingClaim to such a claim; or run one replica (replicaCount: 1, no autoscaling). With %s, each pod would serve only what was published through it." (ternary "autoscaling" (printf "replicaCount %d" (int .Values.replicaCount)) (or .Values.autoscaling.hpa.enabled .Values.keda.enabled)) $p.volume.accessMode) -}}
 {{- end -}}
+{{- end }}
+
+{{/* Non-empty when valve's container runs as root to give apps users of their own (isolation users or view). */}}
+{{- define "valve.asRoot" -}}
+{{- if has .Values.isolation (list "users" "view") }}yes{{ end }}
 {{- end }}
