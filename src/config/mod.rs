@@ -30,6 +30,7 @@ mod engine;
 mod error;
 mod file;
 mod flags;
+mod isolation;
 mod keys;
 mod model;
 mod otel;
@@ -50,6 +51,7 @@ pub use access::{Allow, AuthService, Cidr, Trust};
 pub use discover::{index_html, AppSource};
 pub use error::{parse_seconds, parse_size, usage_log_is_folder, ConfigError};
 pub use flags::{Args, Command, PackageFlags};
+pub use isolation::{Isolation, IsolationSetting, LandlockCoverage};
 pub use model::{
     is_admin_path, normal_prefix, valid_name, AppConfig, Config, PackageSettings, Server, Transport, ADMIN_PREFIX,
 };
@@ -59,10 +61,7 @@ pub use rmd::{is_output_of_a_document, Runtime};
 pub use source::{LoadError, Source};
 pub use table::{summary, table};
 pub use uid_store::UidNotes;
-pub use users::{
-    blocked_ancestor, Account, AccountKind, Isolation, IsolationSetting, Kernel, LandlockCoverage, RunAs,
-    DEFAULT_UID_RANGE,
-};
+pub use users::{blocked_ancestor, Account, AccountKind, Kernel, RunAs, DEFAULT_UID_RANGE};
 
 /// The machine's name (a pod's, under Kubernetes): which of a site's valves
 /// this is, in status, usage files and locks; empty if the kernel says none.

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use super::access::{Allow, Trust};
 use super::discover::AppSource;
+use super::isolation::Isolation;
 use super::otel::Otlp;
 use super::publish::settings::Publishing;
-use super::users::{Account, Isolation, RunAs};
+use super::users::{Account, RunAs};
 
 /// valve's own paths: never an app's, never forwarded to R.
 pub const ADMIN_PREFIX: &str = "/__valve__";

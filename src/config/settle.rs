@@ -4,9 +4,10 @@
 //! file, so that a configuration that cannot work stops valve (exit 2, also
 //! under `--check`) instead of failing at its first worker.
 
+use super::isolation::Isolation;
 use super::model::AppConfig;
 use super::uid_store::{Store, UidNotes};
-use super::users::{self, Isolation, Kernel, RunAs};
+use super::users::{self, Kernel, RunAs};
 
 /// Why an app cannot run as configured.
 #[derive(Debug, PartialEq, Eq)]

@@ -9,10 +9,11 @@ use crate::config::error::{
     parse_session_buffer, show_size, usage_log_problem, ConfigError, MIN_SESSION_BUFFER, SESSION_BUFFER_RANGE,
 };
 use crate::config::flags::package_list;
+use crate::config::isolation::{Isolation, IsolationSetting};
 use crate::config::model::{self, AppConfig, Server};
 use crate::config::otel::{self, Given, Otlp};
 use crate::config::publish::Publishing;
-use crate::config::users::{parse_uid_range, Isolation, IsolationSetting};
+use crate::config::users::parse_uid_range;
 
 impl Cx<'_> {
     /// `preload_packages`: a list of R package names (or one comma-separated string).

@@ -11,13 +11,14 @@ use crate::config::error::{
     check_buffer_total, parse_log_buffer, parse_reconnect_window, parse_seconds, parse_session_buffer, parse_size,
     usage_log_problem, ConfigError,
 };
+use crate::config::isolation::{Isolation, IsolationSetting};
 use crate::config::model::{admin_addr, transport, AppConfig, Config, Server};
 use crate::config::otel::{self, Otlp};
 use crate::config::publish::{self, Candidate, Publishing};
 use crate::config::settle::{settle, PublishedCheck, Unfit};
 use crate::config::site;
 use crate::config::uid_store::Store;
-use crate::config::users::{parse_uid_range, Isolation, IsolationSetting, RunAs};
+use crate::config::users::{parse_uid_range, RunAs};
 
 impl Args {
     /// `--publish-dir` and its companions, checked; the keys file is read.
