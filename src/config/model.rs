@@ -55,6 +55,18 @@ impl Config {
                 a.name
             ));
         }
+        let published = |a: &AppConfig| self.server.publish.as_ref().is_some_and(|p| a.folder().starts_with(&p.dir));
+        // A published version is its app's group's to add to (valve gives it so).
+        for a in r_apps().filter(|a| !published(a) && !super::users::can_write(&a.account, &a.folder())) {
+            out.push(format!(
+                "app `{}`: its folder {} is read-only to its user {}: what it writes beside its code (a log folder, a SQLite file) fails; give it the folder (chown -R {} {}: its uid never moves) or have it write under its home (HOME)",
+                a.name,
+                a.folder().display(),
+                a.account.describe(),
+                a.account.uid,
+                a.folder().display()
+            ));
+        }
         match self.server.isolation {
             Isolation::Shared if r_apps().next().is_some() => out.push(format!(
                 "valve runs as uid {} and cannot switch users (that needs root): every app's R runs as this same user, so apps can read each other's files, signal each other's workers and valve; run valve as root to give each app a user of its own",

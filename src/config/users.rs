@@ -239,6 +239,12 @@ pub fn check_readable(app: &str, account: &Account, folder: &Path, file: Option<
     Ok(())
 }
 
+/// Whether `account` (an app's own user) may add files to `folder`: where
+/// it may not, what the app writes beside its code fails.
+pub fn can_write(account: &Account, folder: &Path) -> bool {
+    !account.isolated() || std::fs::metadata(folder).map_or(true, |m| allows(account, &m, 0o3))
+}
+
 /// The first folder from the root down to `path` that `account` cannot pass
 /// through (search permission), if any. Without a private view, such a
 /// folder keeps the app's user out of its own folder.

@@ -40,14 +40,26 @@ pub struct Lock {
     pub packages: Vec<Wanted>,
 }
 
+use std::os::unix::fs::OpenOptionsExt;
+
 /// The packages the app in `folder` names: its `manifest.json`'s if that
 /// names any, else its `renv.lock`'s; `None` when neither names one.
 pub fn read(folder: &Path) -> Result<Option<Lock>, String> {
     for (file, parse) in [("manifest.json", manifest as fn(&str) -> Result<Vec<Wanted>, String>), ("renv.lock", renv)] {
         let path = folder.join(file);
-        let text = match std::fs::read_to_string(&path) {
+        // Never through a link: a published app may add files beside its code
+        // (valve reads this as root), and a link it made could name any file.
+        let opened =
+            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path).and_then(|mut f| {
+                let mut t = String::new();
+                std::io::Read::read_to_string(&mut f, &mut t).map(|_| t)
+            });
+        let text = match opened {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(format!("{} is a link: valve reads the file that names an app's packages only as a file in its folder (copy it there)", path.display()))
+            }
             Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
         };
         let packages = parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -2,8 +2,8 @@
 //! kernel with Landlock gives each app's R a ruleset of its own. Each promise
 //! is tried from inside R, as an app would try it (tests/fixtures/isolation/
 //! alpha), against beta (a Shiny app whose password sits in its own
-//! `.Renviron`), valve's config and valve itself; for a worker forked from the
-//! warm parent and for a fresh R.
+//! `.Renviron`), gamma (a `_server.yml` engine), valve's config and valve
+//! itself; for workers forked from the warm parent and for fresh R.
 
 use std::path::Path;
 use std::time::Duration;
@@ -32,17 +32,24 @@ fn site(extra: &str) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathB
     std::fs::write(
         &file,
         format!(
-            "max_workers = 3\n{extra}\n\
+            "max_workers = 4\n{extra}\n\
              [[app]]\nname = \"alpha\"\nfile = \"{}\"\nn_max = 1\nmemory_limit = \"400MB\"\n\n\
-             [[app]]\nname = \"beta\"\nfile = \"{}\"\nn_max = 1\n",
+             [[app]]\nname = \"beta\"\nfile = \"{}\"\nn_max = 1\n\n\
+             [[app]]\nname = \"gamma\"\nfile = \"{}\"\nn_max = 1\n",
             fixture("isolation/alpha").join("plumber.R").display(),
-            fixture("isolation/beta").join("app.R").display()
+            fixture("isolation/beta").join("app.R").display(),
+            dir.path().join("gamma").display()
         ),
     )
     .unwrap();
+    // gamma: a `_server.yml` app, served by the test engine through httpuv on its worker's socket.
+    std::fs::create_dir(dir.path().join("gamma")).unwrap();
+    std::fs::copy(fixture("engine_app/_server.yml"), dir.path().join("gamma/_server.yml")).unwrap();
     let state = dir.path().join("state");
     std::fs::create_dir(&state).unwrap();
-    std::os::unix::fs::chown(&state, Some(NOBODY), Some(NOBODY)).unwrap();
+    for p in [state.as_path(), &dir.path().join("gamma"), &dir.path().join("gamma/_server.yml")] {
+        std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
     // All of it valve's user's to write: what alpha cannot do there, Landlock keeps it from.
     for p in [dir.path(), file.as_path()] {
         std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).unwrap();
@@ -65,7 +72,11 @@ fn without_root_each_app_runs_under_landlock_and_cannot_read_write_signal_or_rea
         let v = Valve::start_as(
             Some(NOBODY),
             &["--config", file.to_str().unwrap(), "--warm-parent", warm],
-            &[("VALVE_STATE_DIR", state.to_str().unwrap()), ("HOME", dir.path().to_str().unwrap())],
+            &[
+                ("VALVE_STATE_DIR", state.to_str().unwrap()),
+                ("HOME", dir.path().to_str().unwrap()),
+                ("R_LIBS", crate::engines::engine_library().to_str().unwrap()),
+            ],
             None,
             |_| {},
         );
@@ -120,13 +131,16 @@ fn without_root_each_app_runs_under_landlock_and_cannot_read_write_signal_or_rea
         std::thread::sleep(Duration::from_millis(200));
         assert!(pid_alive(beta_pid) && pid_alive(valve_pid));
 
-        // beta's socket: Landlock cannot keep alpha from connecting (before
-        // Linux 7.1), so beta's R answers only valve's link token.
-        let beta_id = app("beta")["workers"][0]["id"].as_u64().unwrap();
-        let socket = find_socket(&format!("apps/beta/own/w{beta_id}.sock"), valve_pid);
-        let talk = alpha(&format!("/socket?path={}", socket.display()));
-        assert_eq!(talk["status"], "403", "beta's R refuses a request without valve's link token: {talk}");
-        assert_eq!(get(&v.get("/beta/")).0, 200, "beta serves through valve");
+        // beta's (Shiny) and gamma's (an engine) sockets: Landlock cannot keep
+        // alpha from connecting (before Linux 7.1), so their R answers only
+        // valve's link token.
+        for (name, page) in [("beta", "/beta/"), ("gamma", "/gamma/")] {
+            let id = app(name)["workers"][0]["id"].as_u64().unwrap();
+            let socket = find_socket(&format!("apps/{name}/own/w{id}.sock"), valve_pid);
+            let talk = alpha(&format!("/socket?path={}", socket.display()));
+            assert_eq!(talk["status"], "403", "{name}'s R refuses a request without valve's link token: {talk}");
+            assert_eq!(get(&v.get(page)).0, 200, "{name} serves through valve");
+        }
 
         // Past its memory limit, alpha's allocation fails alone.
         assert_eq!(get(&v.get("/alpha/alloc?mb=3000")).0, 500);
@@ -150,13 +164,54 @@ fn find_socket(rel: &str, valve_pid: u32) -> std::path::PathBuf {
     panic!("no {rel} under valve's run directory")
 }
 
+/// Makes `cmd`'s process see a kernel without Landlock: a seccomp filter
+/// answers ENOSYS to landlock_create_ruleset, as a runtime that does not
+/// implement it (gVisor) or an old kernel does.
+fn without_landlock(cmd: &mut std::process::Command) {
+    let hook = || -> std::io::Result<()> {
+        let filter = [
+            // The system call's number...
+            libc::sock_filter { code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16, jt: 0, jf: 0, k: 0 },
+            libc::sock_filter {
+                code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+                jt: 0,
+                jf: 1,
+                k: libc::SYS_landlock_create_ruleset as u32,
+            },
+            // ... landlock_create_ruleset: ENOSYS; anything else: allowed.
+            libc::sock_filter {
+                code: (libc::BPF_RET | libc::BPF_K) as u16,
+                jt: 0,
+                jf: 0,
+                k: libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
+            },
+            libc::sock_filter { code: (libc::BPF_RET | libc::BPF_K) as u16, jt: 0, jf: 0, k: libc::SECCOMP_RET_ALLOW },
+        ];
+        let prog = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr() as *mut libc::sock_filter };
+        // SAFETY: plain prctl calls with a filter that outlives them.
+        unsafe {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const libc::sock_fprog) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: the hook makes system calls only.
+    unsafe { std::os::unix::process::CommandExt::pre_exec(cmd, hook) };
+}
+
 #[test]
 fn check_says_what_landlock_covers_and_isolation_none_or_required_are_kept() {
     need_r_packages(&["plumber"]);
     assert!(as_root(), "this test switches to an ordinary user: run the tests as root, as CI does");
     let (_dir, file, state) = site("");
-    let check = |extra: &[&str]| {
+    let check_on = |no_landlock: bool, extra: &[&str]| {
         let mut cmd = std::process::Command::new(crate::harness::valve_bin());
+        if no_landlock {
+            without_landlock(&mut cmd);
+        }
         std::os::unix::process::CommandExt::uid(&mut cmd, NOBODY);
         std::os::unix::process::CommandExt::gid(&mut cmd, NOBODY);
         let out = cmd
@@ -167,6 +222,7 @@ fn check_says_what_landlock_covers_and_isolation_none_or_required_are_kept() {
             .unwrap();
         (out.status.code(), String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout))
     };
+    let check = |extra: &[&str]| check_on(false, extra);
     let (code, said) = check(&[]);
     assert_eq!(code, Some(0), "{said}");
     assert!(said.contains("isolation: valve's user, Landlock"), "{said}");
@@ -179,4 +235,14 @@ fn check_says_what_landlock_covers_and_isolation_none_or_required_are_kept() {
     let (code, said) = check(&["--isolation", "strict"]);
     assert_eq!(code, Some(2), "{said}");
     assert!(said.contains("required") && said.contains("strict"), "{said}");
+
+    // A kernel (or runtime) without Landlock: apps share valve's user, said
+    // as a warning; `required` refuses to start, naming why and the ways out.
+    let (code, said) = check_on(true, &[]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("isolation: shared with valve"), "{said}");
+    assert!(said.contains("warning") && said.contains("every app's R runs as this same user"), "{said}");
+    let (code, said) = check_on(true, &["--isolation", "required"]);
+    assert_eq!(code, Some(2), "nothing starts less isolated than asked: {said}");
+    assert!(said.contains("offers no Landlock") && said.contains("run valve as root"), "{said}");
 }

@@ -36,3 +36,4 @@ mod statics;
 mod traces;
 mod uids;
 mod warm;
+mod writes;

@@ -199,25 +199,55 @@ pub fn unpack_version(
     })
 }
 
-/// Gives the tree at `dir` (an unpacked version) to root and group `gid`,
-/// readable by that group alone: files 0640 (0750 if executable), folders
-/// 0750; links are not followed. Done before an app with a user of its own
-/// serves the version (its R reads it through its group).
+/// Gives the tree at `dir` (an unpacked version) to root and group `gid`:
+/// the bundle's files readable by that group alone (0640, 0750 if
+/// executable), its folders the group's to add to but not to take from
+/// (01770: the app writes logs or a database beside its code, and cannot
+/// replace or remove a file of the bundle). Done before an app with a user
+/// of its own serves the version (its R reads it through its group), and
+/// again at start: what the app made there (its user's) is left as it is;
+/// everything goes through handles, no link is followed.
 pub fn give_group(dir: &Path, gid: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(at) = todo.pop() {
-        let meta = std::fs::symlink_metadata(&at)?;
-        std::os::unix::fs::lchown(&at, Some(0), Some(gid))?;
-        if meta.file_type().is_symlink() {
-            continue;
+    let top = crate::worker::sandbox::safe::open_dir(dir)?;
+    give_tree(&top, gid, 0)
+}
+
+/// How deep a bundle's folders go before valve stops giving them.
+const MAX_DEPTH: usize = 64;
+
+fn give_tree(dir: &std::os::fd::OwnedFd, gid: u32, depth: usize) -> std::io::Result<()> {
+    use rustix::fs::{FileType, Gid, Mode, OFlags, Uid};
+    let me = rustix::process::geteuid();
+    let give = |fd: &std::os::fd::OwnedFd, mode: u32| -> std::io::Result<()> {
+        rustix::fs::fchown(fd, Some(Uid::ROOT), Some(Gid::from_raw(gid)))?;
+        rustix::fs::fchmod(fd, Mode::from_raw_mode(mode))?;
+        Ok(())
+    };
+    if rustix::fs::fstat(dir)?.st_uid != me.as_raw() || depth > MAX_DEPTH {
+        return Ok(());
+    }
+    give(dir, 0o1770)?;
+    let names: Vec<std::ffi::CString> = rustix::fs::Dir::read_from(dir)?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_owned())
+        .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
+        .collect();
+    for name in names {
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let fd = match rustix::fs::openat(dir, name.as_c_str(), flags, Mode::empty()) {
+            Ok(fd) => fd,
+            // A link: never followed, left as it is.
+            Err(rustix::io::Errno::LOOP) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let st = rustix::fs::fstat(&fd)?;
+        if st.st_uid != me.as_raw() {
+            continue; // the app's own (a log it wrote): left as it made it
         }
-        let mode = if meta.is_dir() || meta.permissions().mode() & 0o100 != 0 { 0o750 } else { 0o640 };
-        std::fs::set_permissions(&at, std::fs::Permissions::from_mode(mode))?;
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(&at)? {
-                todo.push(entry?.path());
-            }
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::Directory => give_tree(&fd, gid, depth + 1)?,
+            FileType::RegularFile => give(&fd, if st.st_mode & 0o100 != 0 { 0o750 } else { 0o640 })?,
+            _ => {}
         }
     }
     Ok(())
@@ -464,8 +494,18 @@ mod tests {
         give_group(&v, before.gid()).unwrap();
         let after = std::fs::metadata(&outside).unwrap();
         assert_eq!((after.mode(), after.uid(), after.gid()), (before.mode(), before.uid(), before.gid()));
-        assert_eq!(std::fs::metadata(v.join("R/a.R")).unwrap().mode() & 0o777, 0o640);
-        assert_eq!(std::fs::metadata(v.join("R")).unwrap().mode() & 0o777, 0o750);
+        assert_eq!(std::fs::metadata(v.join("R/a.R")).unwrap().mode() & 0o7777, 0o640);
+        assert_eq!(std::fs::metadata(v.join("R")).unwrap().mode() & 0o7777, 0o1770, "the app may add, not take away");
+        assert_eq!(std::fs::metadata(&v).unwrap().mode() & 0o7777, 0o1770);
+        // What the app made there is its own: left as it is (as root, where the test can make one).
+        if rustix::process::geteuid().is_root() {
+            std::fs::create_dir(v.join("logs")).unwrap();
+            std::os::unix::fs::chown(v.join("logs"), Some(65534), Some(65534)).unwrap();
+            std::fs::set_permissions(v.join("logs"), std::fs::Permissions::from_mode(0o755)).unwrap();
+            give_group(&v, before.gid()).unwrap();
+            let logs = std::fs::metadata(v.join("logs")).unwrap();
+            assert_eq!((logs.uid(), logs.mode() & 0o7777), (65534, 0o755));
+        }
     }
 
     #[test]
