@@ -246,3 +246,83 @@ fn check_says_what_landlock_covers_and_isolation_none_or_required_are_kept() {
     assert_eq!(code, Some(2), "nothing starts less isolated than asked: {said}");
     assert!(said.contains("offers no Landlock") && said.contains("run valve as root"), "{said}");
 }
+
+/// Plumber's and Shiny's own examples, each its own app, served by valve as
+/// an ordinary user under Landlock: fresh and forked from the warm parent,
+/// then each app preloaded (its own parent forking its workers).
+#[test]
+fn plumbers_and_shinys_examples_serve_under_landlock_plain_and_preloaded() {
+    use crate::harness::{need_browser, plumber_example, shiny_example};
+    need_browser();
+    assert!(as_root(), "this test switches to an ordinary user: run the tests as root, as CI does");
+    let examples = ["01-append", "02-filters", "05-static", "06-sessions", "09-content-type", "12-entrypoint"];
+    let dir = app_dir();
+    let mut config = String::from("max_workers = 8\n");
+    for name in examples {
+        config.push_str(&format!(
+            "\n[[app]]\nname = \"p{}\"\npath = \"/{name}\"\nfile = \"{}\"\nn_max = 1\n",
+            &name[..2],
+            plumber_example(name).display()
+        ));
+    }
+    config.push_str(&format!(
+        "\n[[app]]\nname = \"hello\"\npath = \"/hello\"\nfile = \"{}\"\nn_max = 1\n",
+        shiny_example("01_hello")
+    ));
+    let file = dir.path().join("valve.toml");
+    std::fs::write(&file, config).unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::os::unix::fs::chown(&state, Some(NOBODY), Some(NOBODY)).unwrap();
+    for preload in [false, true] {
+        let mut args = vec!["--config", file.to_str().unwrap()];
+        if preload {
+            args.push("--preload");
+        }
+        let v = Valve::start_as(Some(NOBODY), &args, &[("VALVE_STATE_DIR", state.to_str().unwrap())], None, |_| {});
+        assert_eq!(v.status()["isolation"]["level"], "valve's user, Landlock");
+        let post = |path: &str, body: &str| {
+            let out = std::process::Command::new("curl")
+                .args([
+                    "-s",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}",
+                    "-X",
+                    "POST",
+                    "-H",
+                    "content-type: application/json",
+                ])
+                .args(["-d", body, &v.get(path)])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).to_string()
+        };
+        assert_eq!(post("/01-append/append", r#"{"val": 42}"#), "200", "{}", v.log());
+        for (path, want) in [
+            ("/01-append/tail?n=1", "42"),
+            ("/02-filters/about", ""),
+            ("/05-static/static/b.txt", ""),
+            ("/06-sessions/sessionCounter", "This is visit #0"),
+            ("/09-content-type/text", ""),
+            ("/09-content-type/pdf", "%PDF"),
+            ("/12-entrypoint/counter", ""),
+        ] {
+            let (code, body) = get(&v.get(path));
+            assert_eq!(code, 200, "GET {path} (preload {preload}): {body}\n{}", v.log());
+            assert!(body.contains(want), "GET {path} (preload {preload}): {body}");
+        }
+        let out = std::process::Command::new("node")
+            .env("VALVE_ADMIN", v.admin_url())
+            .args(["shiny.mjs", "hello", &v.get("/hello/")])
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser"))
+            .output()
+            .expect("node runs");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success() && text.contains("\"rerendered\":true"),
+            "Shiny's 01_hello in Chromium (preload {preload}): {text}"
+        );
+    }
+}
