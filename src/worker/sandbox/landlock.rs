@@ -90,12 +90,10 @@ pub fn plan(abi: u32, hide: &[PathBuf], read: &[PathBuf], write: &[PathBuf]) -> 
     named.extend(read.iter().map(|p| (canon(p), Kind::Read)));
     named.extend(write.iter().map(|p| (canon(p), Kind::Write)));
     let mut out = Rules { fs, scoped, paths: Vec::new() };
+    // The deepest name wins, and a path named to read or write wins over the
+    // same path hidden (an app whose folder is valve's user's home, or /tmp
+    // itself): what is hidden inside it stays hidden.
     for (path, kind) in &named {
-        // The deepest name wins: a path named and hidden at once stays hidden;
-        // one named inside a hidden folder is given.
-        if hide.contains(path) {
-            continue;
-        }
         beside(path, *kind, &hide, fs, &mut out.paths, 0);
     }
     out.paths.sort();
@@ -275,6 +273,10 @@ mod tests {
         assert_eq!(rights("app/app.R"), Some(handled(7).0 & FILE_RIGHTS), "a file's rule holds file rights only");
         assert_eq!(rights("app/valve.toml"), None);
         assert_eq!(rights("app"), None, "not the whole folder: the hidden file is in it");
+        // An app whose folder is valve's user's home (hidden as a home): its folder wins.
+        let home = plan(7, &[root.join("app"), root.join("app/valve.toml")], &[], &[root.join("app")]);
+        assert!(home.paths.iter().any(|(q, _)| *q == root.join("app/app.R")), "{home:?}");
+        assert!(!home.paths.iter().any(|(q, _)| q.starts_with(root.join("app/valve.toml"))));
     }
 
     #[test]
