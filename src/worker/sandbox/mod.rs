@@ -3,9 +3,11 @@
 //! app's settled account and the site's paths), turned into steps (`view`,
 //! pure) and entered by one function between fork and exec (`enter`), in
 //! the order bubblewrap and systemd use: namespace and mounts, limits,
-//! groups, gid, uid, no new privileges. `probe` measures what the kernel
-//! allows before the configuration is read; `dirs` makes each app's private
-//! folders (its home, its temporary folder, its run folder) owned by its user.
+//! groups, gid, uid, no new privileges; without root, the app's Landlock
+//! ruleset last (`landlock`: everything read but what a view would hide, its
+//! own folders written). `probe` measures what the kernel allows before the
+//! configuration is read; `dirs` makes each app's private folders (its
+//! home, its temporary folder, its run folder) owned by its user.
 
 mod as_user;
 mod dirs;
