@@ -100,8 +100,17 @@ local({
     req
   }
   # The same httpuv app (its static paths too), each hook seeing the client.
+  # httpuv serves static paths (Shiny's www/ and resource paths) without
+  # calling R: its own header check asks them for the link token too.
   with_client <- function(app) {
     out <- app
+    want <- Sys.getenv("VALVE_LINK_TOKEN")
+    opts <- if (is.null(app$staticPathOptions)) httpuv::staticPathOptions() else app$staticPathOptions
+    if (nzchar(want) && length(app$staticPaths) > 0 && length(opts$validation) == 0) {
+      # Normalized options hold one check as c("==", header, value).
+      opts$validation <- c("==", "x-valve-link", want)
+      out$staticPathOptions <- opts
+    }
     if (is.function(app$call)) out$call <- function(req) {
       if (!linked(req)) return(refused)
       app$call(client_from_valve(unlink_req(req)))

@@ -141,6 +141,12 @@ fn without_root_each_app_runs_under_landlock_and_cannot_read_write_signal_or_rea
             assert_eq!(talk["status"], "403", "{name}'s R refuses a request without valve's link token: {talk}");
             assert_eq!(get(&v.get(page)).0, 200, "{name} serves through valve");
         }
+        // Shiny's static files, which httpuv serves without calling R, ask for the token too.
+        let beta_id = app("beta")["workers"][0]["id"].as_u64().unwrap();
+        let socket = find_socket(&format!("apps/beta/own/w{beta_id}.sock"), valve_pid);
+        let talk = alpha(&format!("/socket?path={}&target=/shared/shiny.min.js", socket.display()));
+        assert_eq!(talk["status"], "403", "a static file of beta's without the token: {talk}");
+        assert_eq!(get(&v.get("/beta/shared/shiny.min.js")).0, 200, "and through valve");
 
         // Past its memory limit, alpha's allocation fails alone.
         assert_eq!(get(&v.get("/alpha/alloc?mb=3000")).0, 500);
