@@ -10,7 +10,8 @@ use std::time::Duration;
 use crate::harness::{app_dir, as_root, fixture, need_r_packages, pid_alive, Valve, START_DEADLINE};
 use crate::rmarkdown::get;
 
-fn get_json(url: &str) -> serde_json::Value {
+/// GET `url`: 200 and its JSON body (the isolation tests' probes answer JSON).
+pub(crate) fn get_json(url: &str) -> serde_json::Value {
     let (code, body) = get(url);
     assert_eq!(code, 200, "GET {url}: {body}");
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {url}: not JSON ({e}): {body}"))

@@ -9,15 +9,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::harness::{app_dir, as_root, fixture, need_r_packages, pid_alive, Valve, START_DEADLINE};
+use crate::isolation::get_json;
 use crate::rmarkdown::get;
 
 const NOBODY: u32 = 65534;
-
-fn get_json(url: &str) -> serde_json::Value {
-    let (code, body) = get(url);
-    assert_eq!(code, 200, "GET {url}: {body}");
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {url}: not JSON ({e}): {body}"))
-}
 
 /// What the kernel says of Landlock (as valve asks it).
 fn landlock_abi() -> i64 {
