@@ -36,9 +36,12 @@ pub mod metrics;
 pub mod reload;
 pub mod restore;
 pub mod shutdown;
+pub mod tls;
 pub mod trace;
 pub mod usage;
 pub mod worker;
+
+mod https;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -50,9 +53,10 @@ use crate::admin::publish::Publisher;
 use crate::admin::Admin;
 use crate::app::Fleet;
 use crate::config::{Config, Source, Transport};
+use crate::http::conn::Speaks;
 use crate::http::forward::{Forwarder, MAX_HEAD_BYTES};
 use crate::http::router::Router;
-use crate::http::server::{ClientLimits, Drained, Front, FrontOptions};
+use crate::http::server::{display_addr, ClientLimits, Drained, Front, FrontOptions};
 use crate::metrics::Registry;
 pub use crate::reload::RunError;
 use crate::reload::{Apps, Reloader, Starters};
@@ -69,18 +73,36 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct Serving {
     pub addr: SocketAddr,
     pub admin: Option<SocketAddr>,
+    /// The main port speaks HTTPS.
+    pub tls: bool,
+    /// The admin listener speaks HTTPS.
+    pub admin_tls: bool,
+    /// The plain-HTTP port that redirects to HTTPS, when there is one.
+    pub http: Option<SocketAddr>,
 }
 
-/// Binds the main listener (and the admin one, if asked), so that bad
-/// addresses fail before any R starts.
-pub async fn bind(config: &Config) -> Result<(TcpListener, Option<TcpListener>), RunError> {
+/// The listeners valve serves on, bound before any R starts.
+pub struct Listeners {
+    pub main: TcpListener,
+    pub admin: Option<TcpListener>,
+    /// Plain HTTP beside HTTPS (`--http-port`).
+    pub http: Option<TcpListener>,
+}
+
+/// Binds the main listener (and the admin one, and the plain-HTTP one beside
+/// HTTPS, if asked), so that bad addresses fail before any R starts.
+pub async fn bind(config: &Config) -> Result<Listeners, RunError> {
     let s = &config.server;
     let main = bind_one(&format!("{}:{}", bracket(&s.host), s.port), "pick another --port").await?;
     let admin = match &s.admin_addr {
         None => None,
         Some(addr) => Some(bind_one(addr, "pick another --admin-addr HOST:PORT").await?),
     };
-    Ok((main, admin))
+    let http = match s.tls.as_ref().and_then(|t| t.http_port) {
+        None => None,
+        Some(port) => Some(bind_one(&format!("{}:{port}", bracket(&s.host)), "pick another --http-port").await?),
+    };
+    Ok(Listeners { main, admin, http })
 }
 
 fn bracket(host: &str) -> String {
@@ -100,6 +122,7 @@ async fn bind_one(addr: &str, what: &'static str) -> Result<TcpListener, RunErro
                 "pick another --publish-addr HOST:PORT" => {
                     " (another program uses it: pick another --publish-addr HOST:PORT)"
                 }
+                "pick another --http-port" => " (another program uses it: pick another --http-port, or `off`)",
                 _ => " (another program uses it: pick another --admin-addr HOST:PORT)",
             },
             std::io::ErrorKind::PermissionDenied => " (ports below 1024 need privileges: pick one above 1024)",
@@ -117,8 +140,7 @@ async fn bind_one(addr: &str, what: &'static str) -> Result<TcpListener, RunErro
 pub async fn run(
     config: Config,
     source: Source,
-    listener: TcpListener,
-    admin_listener: Option<TcpListener>,
+    listeners: Listeners,
     registry: Arc<Registry>,
     shutdown: Shutdown,
     ready: impl FnOnce(&Serving),
@@ -126,6 +148,7 @@ pub async fn run(
     // Listen for SIGHUP before anything can send it: its default action would
     // end valve. One that comes while workers start is applied once they have.
     let hup = hangups();
+    let Listeners { main: listener, admin: admin_listener, http: http_listener } = listeners;
     let addr =
         listener.local_addr().map_err(|error| RunError::Bind { addr: config.server.host.clone(), error, hint: "" })?;
     let run_dir = worker::run_dir().map_err(RunError::RunDir)?;
@@ -160,7 +183,15 @@ pub async fn run(
     let admin = Admin::new(router.clone(), fleet.clone(), registry.clone(), &config, shutdown.signalled.clone());
     admin.set_reloader(reloader.clone());
     // Publishing, when on: its API on the admin listener (and its own address, if asked).
-    let publisher = config.server.publish.as_ref().map(|p| Publisher::new(p.clone(), reloader.clone(), addr));
+    let tls = https::Https::start(config.server.tls.as_ref()).map_err(RunError::Tls)?;
+    if let Some(t) = &tls {
+        registry.tls.set(t.stores());
+    }
+    let publisher = config
+        .server
+        .publish
+        .as_ref()
+        .map(|p| Publisher::new(p.clone(), reloader.clone(), display_addr(addr, tls.is_some())));
     if let Some(p) = &publisher {
         admin.set_publisher(p.clone());
     }
@@ -170,7 +201,17 @@ pub async fn run(
         max_head: MAX_HEAD_BYTES * 2,
     };
     let publish: Option<Arc<dyn http::server::Publish>> = publisher.clone().map(|p| p as _);
-    let admin_addr = serve_admin_and_publish(admin_listener, &admin, publish, &config, limits).await?;
+    let admin_speaks = tls.as_ref().map(|t| t.admin()).unwrap_or(Speaks::Plain);
+    let admin_addr =
+        serve_admin_and_publish(admin_listener, admin_speaks.clone(), &admin, publish, &config, limits).await?;
+    let http_addr = match (http_listener, &tls) {
+        (Some(l), Some(t)) => {
+            let at = l.local_addr().ok();
+            http::redirect::serve_redirects(l, addr.port(), t.challenges.clone(), limits);
+            at
+        }
+        _ => None,
+    };
     let tracer = trace::Tracer::start(config.server.otlp.as_ref(), registry.clone());
     let front = Front::new(
         router.clone(),
@@ -190,6 +231,7 @@ pub async fn run(
             admin_on_main: config.server.admin_on_main,
             access_log: config.server.access_log,
             listing: matches!(source, Source::Site(..)),
+            hsts: config.server.tls.as_ref().and_then(|t| t.hsts),
         },
     );
     for note in config.notes.iter().chain(&config.uids.notes) {
@@ -202,13 +244,24 @@ pub async fn run(
         tracing::info!(app = %app.name, path = %app.source.path().display(), mount = %app.prefix, workers = app.n_min,
             preload = app.preload, "starting workers");
     }
+    // An ACME certificate not yet held is asked for now (its check comes to the plain-HTTP port).
+    let main_speaks = match &tls {
+        Some(t) => t.main().await.map_err(RunError::Tls)?,
+        None => Speaks::Plain,
+    };
     let starting = apps.start(&config);
     tokio::pin!(starting);
     // The Shiny sessions' tasks, to let them record their ends before the usage log closes.
     let sessions = front.forwarder.sessions.clone();
     // Serve at once: health checks answer while workers start, requests wait for them.
-    let server =
-        tokio::spawn(http::server::run(listener, front, shutdown.clone(), limits, config.server.graceful_timeout));
+    let server = tokio::spawn(http::server::run(
+        listener,
+        main_speaks,
+        front,
+        shutdown.clone(),
+        limits,
+        config.server.graceful_timeout,
+    ));
     let started = Instant::now();
     let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
     loop {
@@ -235,9 +288,9 @@ pub async fn run(
             }
         }
     }
-    ready(&Serving { addr, admin: admin_addr });
+    ready(&Serving { addr, admin: admin_addr, tls: tls.is_some(), admin_tls: admin_speaks.is_tls(), http: http_addr });
     if let Some(hup) = hup {
-        reload_on_hangup(hup, reloader, shutdown.drain.clone());
+        reload_on_hangup(hup, reloader, tls.as_ref().map(|t| t.again.clone()), shutdown.drain.clone());
     }
     let drained = server.await.unwrap_or(Drained::Cut);
     apps.shutdown().await;
@@ -272,6 +325,7 @@ fn open_usage(registry: &Registry, config: &Config) -> Result<(), RunError> {
 /// pages are.
 async fn serve_admin_and_publish(
     admin_listener: Option<TcpListener>,
+    speaks: Speaks,
     admin: &Arc<Admin>,
     publish: Option<Arc<dyn http::server::Publish>>,
     config: &Config,
@@ -280,7 +334,7 @@ async fn serve_admin_and_publish(
     let admin_addr = match admin_listener {
         Some(l) => {
             let a = l.local_addr().ok();
-            http::server::serve_admin(l, admin.clone(), limits, publish.clone());
+            http::server::serve_admin(l, speaks.clone(), admin.clone(), limits, publish.clone());
             a
         }
         None => None,
@@ -292,7 +346,7 @@ async fn serve_admin_and_publish(
                 if let Ok(bound) = l.local_addr() {
                     tracing::info!(addr = %bound, "publishing API on its own address");
                 }
-                http::server::serve_publish(l, p.clone(), limits);
+                http::server::serve_publish(l, speaks.clone(), p.clone(), limits);
             }
             None if admin_addr.is_none() => tracing::warn!(
                 "publishing is on but valve has no admin listener (--admin-addr off) and no --publish-addr: nobody can publish"
@@ -317,6 +371,7 @@ fn hangups() -> Option<tokio::signal::unix::Signal> {
 fn reload_on_hangup(
     mut hup: tokio::signal::unix::Signal,
     reloader: Arc<Reloader>,
+    certificates: Option<Arc<tokio::sync::Notify>>,
     drain: tokio_util::sync::CancellationToken,
 ) {
     tokio::spawn(async move {
@@ -326,6 +381,9 @@ fn reload_on_hangup(
                 got = hup.recv() => if got.is_none() { return },
             }
             tracing::info!("SIGHUP: reloading the configuration");
+            if let Some(certificates) = &certificates {
+                certificates.notify_one();
+            }
             let _ = reloader.reload().await;
         }
     });

@@ -207,7 +207,7 @@ async fn serve(config: Config, source: Source, log: &valve::log::Log, registry: 
     }
     let dropped = log.dropped.clone();
     registry.count_log_drops(move || dropped.dropped_lines() as u64);
-    let (listener, admin) = match valve::bind(&config).await {
+    let listeners = match valve::bind(&config).await {
         Ok(l) => l,
         Err(e) => {
             tracing::error!("valve: error: {e}");
@@ -215,8 +215,7 @@ async fn serve(config: Config, source: Source, log: &valve::log::Log, registry: 
         }
     };
     let result =
-        valve::run(config.clone(), source, listener, admin, registry, shutdown, |serving| announce(&config, serving))
-            .await;
+        valve::run(config.clone(), source, listeners, registry, shutdown, |serving| announce(&config, serving)).await;
     match result {
         Ok(Drained::Clean) => ExitCode::SUCCESS,
         Ok(Drained::Cut) => ExitCode::from(EXIT_START),
@@ -234,7 +233,7 @@ async fn serve(config: Config, source: Source, log: &valve::log::Log, registry: 
 /// Says valve serves: a sentence in the log for people, and one JSON object
 /// on stdout for programs (the R package, tests, scripts).
 fn announce(config: &Config, serving: &Serving) {
-    let url = display_addr(serving.addr);
+    let url = display_addr(serving.addr, serving.tls);
     let apps: Vec<serde_json::Value> = config
         .apps
         .iter()
@@ -264,7 +263,10 @@ fn announce(config: &Config, serving: &Serving) {
             })
         })
         .collect();
-    let admin_url = serving.admin.map(display_addr);
+    let admin_url = serving.admin.map(|a| display_addr(a, serving.admin_tls));
+    if let Some(http) = serving.http {
+        tracing::info!("valve: plain HTTP on {} redirects to HTTPS", display_addr(http, false));
+    }
     if let Some(admin) = &admin_url {
         tracing::info!("valve: admin pages on {admin}/__valve__/");
     }

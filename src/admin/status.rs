@@ -93,7 +93,39 @@ impl Admin {
             "valve_user": valve_user(),
             "host": crate::config::host_name(),
             "isolation": isolation_json(self.isolation),
+            "tls": self.tls_json(),
         })
+    }
+
+    /// The certificates served, by listener (null without HTTPS).
+    fn tls_json(&self) -> serde_json::Value {
+        let stores = self.registry.tls.stores();
+        if stores.is_empty() {
+            return serde_json::Value::Null;
+        }
+        stores
+            .iter()
+            .map(|(listener, store)| {
+                let s = store.shown();
+                let (source, from) = match &s.origin {
+                    crate::tls::Origin::Files { cert, .. } => ("files", cert.display().to_string()),
+                    crate::tls::Origin::Acme { directory } => ("acme", directory.clone()),
+                };
+                (
+                    listener.to_string(),
+                    serde_json::json!({
+                        "source": source,
+                        "from": from,
+                        "names": s.names,
+                        "not_after": httpdate::fmt_http_date(s.not_after),
+                        "days_left": crate::tls::certs::days_left(s.not_after),
+                        "since": httpdate::fmt_http_date(s.since),
+                        "failing": s.failing,
+                    }),
+                )
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into()
     }
 
     /// One app (its generations added up): the JSON, its gauges, and (with

@@ -69,6 +69,9 @@ pub enum ConfigError {
     /// Where traces go: the message names the setting and its value.
     #[error("{0}")]
     Otlp(String),
+    /// HTTPS: the message names the setting, its value and what to give.
+    #[error("{0}")]
+    Tls(String),
     /// Apps' packages (the cache, the builds, the repositories): the message
     /// names the setting, its value and what to write.
     #[error("{0}")]

@@ -253,6 +253,7 @@ mod app;
 mod packages;
 mod publish;
 mod server;
+mod tls;
 mod values;
 
 #[cfg(test)]

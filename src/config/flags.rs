@@ -368,6 +368,10 @@ pub struct Args {
     #[command(flatten)]
     pub packages: PackageFlags,
 
+    /// HTTPS: the certificate's files or ACME authority, the redirecting plain port, HSTS.
+    #[command(flatten)]
+    pub tls: TlsFlags,
+
     /// What to do instead of serving (none: serve).
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -498,10 +502,12 @@ impl Args {
 
 mod build;
 mod packages;
+mod tls;
 mod values;
 
 pub use packages::PackageFlags;
 pub(super) use packages::{cache_dir_problem, parse_repositories, repository_url, REPOSITORY_EXAMPLE};
+pub use tls::TlsFlags;
 
 pub(super) use values::{package_list, parse_memory_limit, publishing, valves_own, MIN_MEMORY_LIMIT};
 

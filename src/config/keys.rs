@@ -78,6 +78,18 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "repositories",
     "repositories_only",
     "site_library",
+    "tls_cert",
+    "tls_key",
+    "tls_acme_domains",
+    "tls_acme_contact",
+    "tls_acme_directory",
+    "tls_acme_ca",
+    "tls_acme_dir",
+    "http_port",
+    "hsts",
+    "admin_tls",
+    "admin_tls_cert",
+    "admin_tls_key",
 ];
 
 /// The flag a key stands for, for messages about flag values.

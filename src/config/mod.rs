@@ -43,6 +43,7 @@ mod settle;
 mod site;
 mod source;
 mod table;
+pub mod tls;
 mod uid_store;
 mod uids;
 mod users;

@@ -153,6 +153,8 @@ pub struct Server {
     pub otlp: Option<Otlp>,
     /// Restores of the packages apps name (`manifest.json`, `renv.lock`).
     pub packages: PackageSettings,
+    /// HTTPS, when on.
+    pub tls: Option<super::tls::Tls>,
 }
 
 /// How apps' packages are restored: the shared cache, the repositories,

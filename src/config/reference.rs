@@ -189,6 +189,9 @@ fn config_error_examples() -> Vec<ConfigError> {
         ConfigError::Packages(
             "the package setting (`--package-cache`, `--repositories`), its value and what to write".into(),
         ),
+        ConfigError::Tls(
+            "the HTTPS setting (`tls_cert`, `tls_acme_domains`, `http_port`), its value and what to give".into(),
+        ),
     ]
 }
 
@@ -225,6 +228,7 @@ fn variant(e: &ConfigError) -> &'static str {
         ConfigError::UsageLog { .. } => "a `--usage-log` valve cannot use",
         ConfigError::Otlp(_) => "where traces go",
         ConfigError::Packages(_) => "apps' packages: the cache or the repositories",
+        ConfigError::Tls(_) => "HTTPS: a certificate valve cannot serve, or settings that do not go together",
     }
 }
 

@@ -11,7 +11,7 @@ use http::{Method, Request, Uri};
 
 use super::body::Payload;
 use super::identity::{to_r, Identity};
-use crate::worker::{ClientAddrs, WireBody, CLIENT_ADDR, CLIENT_PORT, LINK};
+use crate::worker::{ClientAddrs, WireBody, CLIENT_ADDR, CLIENT_PORT, CLIENT_SCHEME, LINK};
 
 /// The sticky cookie that ties a browser to its Shiny worker.
 pub(super) const STICKY_COOKIE: &str = "valve_worker";
@@ -195,6 +195,7 @@ pub(super) fn worker_head(
     // Only valve names the client to an httpuv worker (`worker::CLIENT_ADDR`).
     headers.remove(&CLIENT_ADDR);
     headers.remove(&CLIENT_PORT);
+    headers.remove(&CLIENT_SCHEME);
     headers.remove(&LINK);
     if let Some(who) = parts.extensions.get::<Identity>() {
         to_r(&mut headers, who, shiny);
@@ -207,7 +208,11 @@ pub(super) fn worker_head(
     if let Ok(v) = HeaderValue::from_str(&xff) {
         headers.insert(X_FORWARDED_FOR.clone(), v);
     }
-    if !headers.contains_key(&X_FORWARDED_PROTO) {
+    let addrs = parts.extensions.get::<ClientAddrs>().copied();
+    // Over valve's own TLS valve knows the scheme; behind a proxy, the proxy does.
+    if addrs.is_some_and(|a| a.secure) {
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("https"));
+    } else if !headers.contains_key(&X_FORWARDED_PROTO) {
         headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
     }
     if !headers.contains_key(&X_FORWARDED_HOST) {
@@ -227,7 +232,6 @@ pub(super) fn worker_head(
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
     }
-    let addrs = parts.extensions.get::<ClientAddrs>().copied();
     Head { method: parts.method, uri, headers, addrs }
 }
 

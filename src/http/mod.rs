@@ -9,11 +9,13 @@
 mod access;
 pub mod auth;
 pub mod body;
+pub mod conn;
 mod files;
 pub mod forward;
 mod forwarded;
 mod head;
 pub mod identity;
+pub mod redirect;
 pub mod reply;
 pub mod resume;
 pub mod router;

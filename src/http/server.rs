@@ -4,26 +4,22 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::access::{decide, Asking, Gate, Named};
 use super::auth::{Asker, Question, Unavailable};
+use super::conn::{accept_failed, serve, Reserve, Speaks};
 use super::forward::{Forwarder, Served};
 use super::head::is_websocket;
 use super::identity::{strip_client_identity, BadIdentity, MAX_IDENTITY_BYTES};
@@ -97,6 +93,8 @@ pub struct FrontOptions {
     pub access_log: bool,
     /// `--site`: `/` lists the apps when no app is mounted there.
     pub listing: bool,
+    /// `Strict-Transport-Security`'s max-age on answers over TLS, when sent.
+    pub hsts: Option<Duration>,
 }
 
 /// What answers every request on the main port.
@@ -114,6 +112,8 @@ pub struct Front {
     access_log: bool,
     /// `--site`: `/` lists the apps when no app is mounted there.
     listing: bool,
+    /// `Strict-Transport-Security` for answers over TLS.
+    hsts: Option<HeaderValue>,
 }
 
 impl Front {
@@ -125,8 +125,9 @@ impl Front {
         closing: CancellationToken,
         options: FrontOptions,
     ) -> Arc<Self> {
-        let FrontOptions { admin_on_main, access_log, listing } = options;
-        Arc::new(Front { router, forwarder, auth, admin, admin_on_main, closing, access_log, listing })
+        let FrontOptions { admin_on_main, access_log, listing, hsts } = options;
+        let hsts = hsts.and_then(|age| HeaderValue::from_str(&format!("max-age={}", age.as_secs())).ok());
+        Arc::new(Front { router, forwarder, auth, admin, admin_on_main, closing, access_log, listing, hsts })
     }
 
     /// Answers one client request. Every failure becomes a short JSON answer.
@@ -136,10 +137,15 @@ impl Front {
         self: Arc<Self>,
         req: Request<Incoming>,
         peer: SocketAddr,
+        secure: bool,
     ) -> Result<Response<ReplyBody>, Infallible> {
+        let http2 = req.version() == http::Version::HTTP_2;
         let mut resp = self.answer(req, peer).await;
-        if self.closing.is_cancelled() && resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        if self.closing.is_cancelled() && resp.status() != StatusCode::SWITCHING_PROTOCOLS && !http2 {
             resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        if let (true, Some(hsts)) = (secure, &self.hsts) {
+            resp.headers_mut().entry(header::STRICT_TRANSPORT_SECURITY).or_insert_with(|| hsts.clone());
         }
         Ok(resp)
     }
@@ -291,13 +297,13 @@ fn gate(
 /// left of the grace period.
 pub async fn run(
     listener: TcpListener,
+    speaks: Speaks,
     front: Arc<Front>,
     shutdown: Shutdown,
     limits: ClientLimits,
     grace: Duration,
 ) -> Drained {
     let connections = TaskTracker::new();
-    let http = builder(limits);
     let mut reserve = Reserve::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -324,30 +330,16 @@ pub async fn run(
         let _ = stream.set_nodelay(true);
         let front = front.clone();
         // What a frames worker is told of the client's connection (Rook's SERVER_* and REMOTE_*).
-        let addrs = stream.local_addr().ok().map(|local| ClientAddrs { local, remote: peer });
+        let secure = speaks.is_tls();
+        let addrs = stream.local_addr().ok().map(|local| ClientAddrs { local, remote: peer, secure });
         let service = service_fn(move |mut req: Request<Incoming>| {
             if let Some(addrs) = addrs {
                 req.extensions_mut().insert(addrs);
             }
-            front.clone().handle(req, peer)
+            front.clone().handle(req, peer, secure)
         });
-        let conn =
-            http.serve_connection(TokioIo::new(ClientIo::new(stream, limits.client_timeout)), service).with_upgrades();
-        let drain = shutdown.drain.clone();
-        connections.spawn(async move {
-            tokio::pin!(conn);
-            // On drain, finish the request in flight (if any), then close.
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                _ = drain.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, %peer, "client connection ended with an error");
-            }
-        });
+        let (drain, speaks) = (shutdown.drain.clone(), speaks.clone());
+        connections.spawn(async move { serve(stream, peer, &speaks, limits, service, drain, true).await });
     }
     drop(listener);
     connections.close();
@@ -391,42 +383,6 @@ fn reconnect_script() -> Response<ReplyBody> {
     resp
 }
 
-fn builder(limits: ClientLimits) -> http1::Builder {
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).max_header_size(limits.max_head);
-    http
-}
-
-/// Out of file descriptors and the like: say so, once a second at most (the
-/// caller backs off instead of spinning).
-fn accept_failed(e: &io::Error, listener: &'static str) {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    if LAST.swap(now, Ordering::Relaxed) != now {
-        tracing::warn!(listener, error = %e, "accept failed");
-    }
-}
-
-/// One descriptor held back for the main listener: when the process is out of
-/// descriptors, closing it lets valve accept (and shed) a connection.
-struct Reserve(Option<std::fs::File>);
-
-impl Reserve {
-    fn new() -> Self {
-        Reserve(std::fs::File::open("/dev/null").ok())
-    }
-
-    fn out_of_descriptors(&self, e: &io::Error) -> bool {
-        self.0.is_some()
-            && matches!(e.raw_os_error(), Some(code) if code == rustix::io::Errno::MFILE.raw_os_error() || code == rustix::io::Errno::NFILE.raw_os_error())
-    }
-
-    fn release(&mut self) {
-        self.0 = None;
-    }
-}
-
 /// Connections the admin listener holds at once; more are closed at once, so
 /// no number of clients there can take the descriptors the main port needs.
 pub const ADMIN_CONNECTIONS: usize = 64;
@@ -436,11 +392,12 @@ pub const ADMIN_CONNECTIONS: usize = 64;
 /// `publish`, publishing's calls too.
 pub fn serve_admin(
     listener: TcpListener,
+    speaks: Speaks,
     admin: Arc<dyn Pages>,
     limits: ClientLimits,
     publish: Option<Arc<dyn Publish>>,
 ) {
-    serve_private(listener, limits, "admin", move |req| {
+    serve_private(listener, speaks, limits, "admin", move |req| {
         let (admin, publish) = (admin.clone(), publish.clone());
         Box::pin(async move {
             let path = req.uri().path();
@@ -454,8 +411,8 @@ pub fn serve_admin(
 }
 
 /// Serves the publishing API alone on an address of its own (`--publish-addr`).
-pub fn serve_publish(listener: TcpListener, publish: Arc<dyn Publish>, limits: ClientLimits) {
-    serve_private(listener, limits, "publish", move |req| {
+pub fn serve_publish(listener: TcpListener, speaks: Speaks, publish: Arc<dyn Publish>, limits: ClientLimits) {
+    serve_private(listener, speaks, limits, "publish", move |req| {
         let publish = publish.clone();
         Box::pin(async move {
             if publish.wants(req.uri().path(), false) {
@@ -474,17 +431,17 @@ type Answering = Pin<Box<dyn Future<Output = Response<ReplyBody>> + Send>>;
 /// `ADMIN_CONNECTIONS` connections at once.
 fn serve_private(
     listener: TcpListener,
+    speaks: Speaks,
     limits: ClientLimits,
     name: &'static str,
     answer: impl Fn(Request<Incoming>) -> Answering + Send + Sync + 'static,
 ) {
     let answer = Arc::new(answer);
-    let http = builder(limits);
     let slots = Arc::new(tokio::sync::Semaphore::new(ADMIN_CONNECTIONS));
     tokio::spawn(async move {
         loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
                 Err(e) => {
                     accept_failed(&e, name);
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -501,9 +458,10 @@ fn serve_private(
                 let answer = answer.clone();
                 async move { Ok::<_, Infallible>(answer(req).await) }
             });
-            let conn = http.serve_connection(TokioIo::new(ClientIo::new(stream, limits.client_timeout)), service);
+            let speaks = speaks.clone();
             tokio::spawn(async move {
-                let _ = conn.await;
+                // valve's own listeners stay up through the drain.
+                serve(stream, peer, &speaks, limits, service, CancellationToken::new(), false).await;
                 drop(slot);
             });
         }
@@ -511,75 +469,6 @@ fn serve_private(
 }
 
 /// The address to print for people and programs: the bound one.
-pub fn display_addr(addr: SocketAddr) -> String {
-    format!("http://{addr}")
-}
-
-/// A client's socket with a send timeout: a client that leaves an answer
-/// unread for `stall` has its connection closed. Answers are already held by
-/// valve, so this frees a connection and some buffer, never a worker.
-struct ClientIo {
-    inner: TcpStream,
-    stall: Duration,
-    timer: Option<Pin<Box<tokio::time::Sleep>>>,
-}
-
-impl ClientIo {
-    fn new(inner: TcpStream, stall: Duration) -> Self {
-        ClientIo { inner, stall, timer: None }
-    }
-
-    fn stalled<T>(&mut self, cx: &mut Context<'_>, polled: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
-        match polled {
-            Poll::Ready(r) => {
-                self.timer = None;
-                Poll::Ready(r)
-            }
-            Poll::Pending => {
-                let stall = self.stall;
-                let timer = self.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
-                match timer.as_mut().poll(cx) {
-                    Poll::Ready(()) => {
-                        Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "the client stopped reading")))
-                    }
-                    Poll::Pending => Poll::Pending,
-                }
-            }
-        }
-    }
-}
-
-impl AsyncRead for ClientIo {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for ClientIo {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
-        self.stalled(cx, polled)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        self.stalled(cx, polled)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let polled = Pin::new(&mut self.inner).poll_flush(cx);
-        self.stalled(cx, polled)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
+pub fn display_addr(addr: SocketAddr, tls: bool) -> String {
+    format!("{}://{addr}", if tls { "https" } else { "http" })
 }

@@ -23,6 +23,7 @@ mod process;
 mod reasons;
 mod session;
 mod shiny;
+mod tls;
 mod trace;
 pub use auth::{AuthCounts, AuthResult};
 use compact::{Counts, Repeat, Runs};
@@ -378,6 +379,8 @@ pub struct Registry {
     pub auth: AuthCounts,
     /// Spans exported to the trace collector, and dropped.
     pub trace: TraceCounts,
+    /// The certificates served, when HTTPS is on.
+    pub tls: tls::TlsCerts,
 }
 
 impl Registry {
@@ -573,6 +576,7 @@ impl Registry {
         );
         self.auth.render(&mut out);
         self.trace.render(&mut out);
+        self.tls.render(&mut out);
         packages::render(&mut out);
         process_metrics(&mut out);
         out

@@ -61,6 +61,8 @@ pub enum RunError {
     Usage(crate::usage::OpenError),
     #[error("{0}")]
     Packages(String),
+    #[error("HTTPS: {0}")]
+    Tls(String),
 }
 
 /// How long the previous generation of a changed app keeps the Shiny

@@ -33,6 +33,8 @@ const PING_PATH: &str = "/__valve__/ping";
 /// The front removes any a client sent.
 pub static CLIENT_ADDR: http::HeaderName = http::HeaderName::from_static("x-valve-remote-addr");
 pub static CLIENT_PORT: http::HeaderName = http::HeaderName::from_static("x-valve-remote-port");
+/// `https` when the client came over TLS (R's `rook.url_scheme`); only valve sends it.
+pub static CLIENT_SCHEME: http::HeaderName = http::HeaderName::from_static("x-valve-scheme");
 
 /// The worker's link token, on every request valve sends over a worker's
 /// socket: the launcher answers 403 to a request without it (another
@@ -56,6 +58,9 @@ fn name_the_client<B>(req: &mut http::Request<B>) {
         headers.insert(CLIENT_ADDR.clone(), ip);
     }
     headers.insert(CLIENT_PORT.clone(), http::HeaderValue::from(addrs.remote.port()));
+    if addrs.secure {
+        headers.insert(CLIENT_SCHEME.clone(), http::HeaderValue::from_static("https"));
+    }
 }
 
 /// One connection to a worker.

@@ -82,6 +82,12 @@ local({
       rm("HTTP_X_VALVE_REMOTE_ADDR", envir = req)
       if (!is.null(port)) rm("HTTP_X_VALVE_REMOTE_PORT", envir = req)
     }
+    # valve's TLS: R sees the scheme its client used.
+    scheme <- req[["HTTP_X_VALVE_SCHEME"]]
+    if (!is.null(scheme)) {
+      assign("rook.url_scheme", scheme, envir = req)
+      rm("HTTP_X_VALVE_SCHEME", envir = req)
+    }
     req
   }
   # valve's link token (VALVE_LINK_TOKEN, read when a request comes: a

@@ -42,7 +42,7 @@ pub mod zygote;
 
 pub use conn::{
     connect, link_token, probe, Conn, Connect, EngineConnector, SocketConnector, TcpConnector, CLIENT_ADDR,
-    CLIENT_PORT, LINK,
+    CLIENT_PORT, CLIENT_SCHEME, LINK,
 };
 pub use frames::FrameHub;
 pub use launcher::{NoWorkers, RLauncher};

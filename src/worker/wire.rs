@@ -37,6 +37,8 @@ pub struct ClientAddrs {
     /// valve's address and port on the client's connection.
     pub local: SocketAddr,
     pub remote: SocketAddr,
+    /// The client came over TLS (Rook's `rook.url_scheme` is `https`).
+    pub secure: bool,
 }
 
 /// Told by a frames link about one request that R left waiting on a promise

@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -123,7 +122,7 @@ pub struct Summary {
 
 impl Publisher {
     /// `addr` is the main listener's: where the published apps are served.
-    pub fn new(settings: Publishing, reloader: Arc<Reloader>, addr: SocketAddr) -> Arc<Publisher> {
+    pub fn new(settings: Publishing, reloader: Arc<Reloader>, base_url: String) -> Arc<Publisher> {
         let modified = std::fs::metadata(&settings.keys_file).and_then(|m| m.modified()).ok();
         // The configuration's load checked the file; should it have changed since, it is read again at the first call.
         let keys = read_keys(&settings.keys_file).unwrap_or_default();
@@ -141,7 +140,7 @@ impl Publisher {
             keys: Mutex::new((modified, keys)),
             tasks,
             reloader,
-            base_url: crate::http::server::display_addr(addr),
+            base_url,
             records: Mutex::new(()),
             deploying: tokio::sync::Mutex::new(()),
             modes,

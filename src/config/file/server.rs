@@ -135,6 +135,7 @@ impl Cx<'_> {
         let preload_packages = self.packages();
         let otlp = self.otlp();
         let packages = self.package_settings(base, &state_dir);
+        let tls = self.tls(base, &state_dir, port);
         Some(Server {
             host,
             port,
@@ -163,6 +164,7 @@ impl Cx<'_> {
             preload_packages: preload_packages?,
             otlp: otlp?,
             packages: packages?,
+            tls: tls?,
         })
     }
 

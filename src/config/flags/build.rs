@@ -236,6 +236,11 @@ impl Args {
         }
         let state_dir = self.state_dir();
         let packages = self.packages.settings(&state_dir)?;
+        let tls = self
+            .tls
+            .given()
+            .settle(&std::env::current_dir().unwrap_or_default(), &state_dir, self.port)
+            .map_err(ConfigError::Tls)?;
         Ok(Server {
             host: self.host.clone(),
             port: self.port,
@@ -269,6 +274,7 @@ impl Args {
                 .map_err(|why| ConfigError::Access { flag: "--preload-packages", why })?,
             otlp: self.otlp()?,
             packages,
+            tls,
         })
     }
 

@@ -31,6 +31,8 @@ pub struct Rook<'a> {
     pub server_port: &'a str,
     pub remote_addr: &'a str,
     pub remote_port: &'a str,
+    /// `http`, or `https` when the client came over TLS.
+    pub url_scheme: &'a str,
 }
 
 /// The headers merged as httpuv's header map merges them: lower-case names in
@@ -109,7 +111,7 @@ pub fn encode(rook: &Rook, headers: &HeaderMap) -> Vec<u8> {
         ("SERVER_PORT", rook.server_port),
         ("REMOTE_ADDR", rook.remote_addr),
         ("REMOTE_PORT", rook.remote_port),
-        ("rook.url_scheme", "http"),
+        ("rook.url_scheme", rook.url_scheme),
         ("SCRIPT_NAME", ""),
         ("rook.version", "1.1-0"),
     ] {
@@ -158,6 +160,7 @@ mod tests {
             query,
             server_name: "127.0.0.1",
             server_port: "3000",
+            url_scheme: "http",
             remote_addr: "127.0.0.1",
             remote_port: "51234",
         }

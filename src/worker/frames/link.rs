@@ -238,6 +238,7 @@ async fn outgoing(req: http::Request<WireBody>) -> Result<Outgoing, SendError> {
     let addrs = parts.extensions.get::<ClientAddrs>().copied().unwrap_or(ClientAddrs {
         local: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
         remote: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+        secure: false,
     });
     let spooled = parts.extensions.get::<Spooled>().cloned();
     let (flags, body) = match &spooled {
@@ -257,6 +258,7 @@ async fn outgoing(req: http::Request<WireBody>) -> Result<Outgoing, SendError> {
         server_port: &server_port,
         remote_addr: &remote_addr,
         remote_port: &remote_port,
+        url_scheme: if addrs.secure { "https" } else { "http" },
     };
     let head = head::encode(&rook, &parts.headers);
     let header =
