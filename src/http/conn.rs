@@ -202,6 +202,7 @@ fn http2_builder(limits: ClientLimits) -> http2::Builder<TokioExecutor> {
     let mut http = http2::Builder::new(TokioExecutor::new());
     http.timer(TokioTimer::new())
         .max_concurrent_streams(MAX_STREAMS)
+        .enable_connect_protocol()
         .max_header_list_size(limits.max_head as u32)
         .max_pending_accept_reset_streams(Some(20))
         .max_local_error_reset_streams(Some(256))
@@ -224,6 +225,12 @@ pub fn accept_failed(e: &io::Error, listener: &'static str) {
 /// One descriptor held back for the main listener: when the process is out of
 /// descriptors, closing it lets valve accept (and shed) a connection.
 pub struct Reserve(Option<std::fs::File>);
+
+impl Default for Reserve {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl Reserve {
     pub fn new() -> Self {

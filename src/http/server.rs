@@ -140,12 +140,24 @@ impl Front {
         secure: bool,
     ) -> Result<Response<ReplyBody>, Infallible> {
         let http2 = req.version() == http::Version::HTTP_2;
+        let mut req = req;
+        let tunnel = http2 && h2_websocket(&mut req);
         let mut resp = self.answer(req, peer).await;
+        if tunnel && resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            // RFC 8441: an HTTP/2 WebSocket is accepted with 200, no upgrade headers.
+            *resp.status_mut() = StatusCode::OK;
+            for name in [header::CONNECTION, header::UPGRADE, header::SEC_WEBSOCKET_ACCEPT] {
+                resp.headers_mut().remove(name);
+            }
+        }
         if self.closing.is_cancelled() && resp.status() != StatusCode::SWITCHING_PROTOCOLS && !http2 {
             resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        if let (true, Some(hsts)) = (secure, &self.hsts) {
-            resp.headers_mut().entry(header::STRICT_TRANSPORT_SECURITY).or_insert_with(|| hsts.clone());
+        if secure {
+            if let Some(hsts) = &self.hsts {
+                resp.headers_mut().entry(header::STRICT_TRANSPORT_SECURITY).or_insert_with(|| hsts.clone());
+            }
+            secure_cookies(resp.headers_mut());
         }
         Ok(resp)
     }
@@ -167,6 +179,11 @@ impl Front {
         };
         let start = Instant::now();
         let method = req.method().clone();
+        let version = match req.version() {
+            http::Version::HTTP_2 => "2",
+            http::Version::HTTP_10 => "1.0",
+            _ => "1.1",
+        };
         // The path only: query strings can carry secrets.
         let path = self.access_log.then(|| req.uri().path().to_owned());
         let mut served = Served::default();
@@ -193,6 +210,7 @@ impl Front {
                 app = %mounted.config.name,
                 method = %method,
                 path = %path,
+                http = %version,
                 status,
                 duration_ms = took.as_secs_f64() * 1e3,
                 queue_ms = served.waited.as_secs_f64() * 1e3,
@@ -371,6 +389,48 @@ pub async fn run(
         front.forwarder.close_sessions.cancel();
     }
     drained
+}
+
+/// An HTTP/2 request as the rest of valve reads requests: its authority as
+/// `Host`, and a WebSocket opened by extended CONNECT (RFC 8441) as the
+/// HTTP/1.1 upgrade it stands for (a key of valve's own: HTTP/2 has none).
+/// True for such a WebSocket.
+fn h2_websocket(req: &mut Request<Incoming>) -> bool {
+    if !req.headers().contains_key(header::HOST) {
+        if let Some(v) = req.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
+            req.headers_mut().insert(header::HOST, v);
+        }
+    }
+    let websocket = req.method() == Method::CONNECT
+        && req.extensions().get::<hyper::ext::Protocol>().is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"));
+    if websocket {
+        *req.method_mut() = Method::GET;
+        let h = req.headers_mut();
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        if let Ok(key) = HeaderValue::from_str(&tokio_tungstenite::tungstenite::handshake::client::generate_key()) {
+            h.insert(header::SEC_WEBSOCKET_KEY, key);
+        }
+    }
+    websocket
+}
+
+/// Over TLS, valve's own cookies (the sticky worker's) are sent back by
+/// browsers over TLS only.
+fn secure_cookies(headers: &mut http::HeaderMap) {
+    for value in headers.get_all(header::SET_COOKIE).iter().cloned().collect::<Vec<_>>() {
+        let text = value.to_str().unwrap_or("");
+        if text.starts_with(super::head::STICKY_COOKIE) && !text.to_ascii_lowercase().contains("; secure") {
+            let secured = HeaderValue::from_str(&format!("{text}; Secure")).unwrap_or(value.clone());
+            let others: Vec<HeaderValue> =
+                headers.get_all(header::SET_COOKIE).iter().filter(|v| **v != value).cloned().collect();
+            headers.remove(header::SET_COOKIE);
+            headers.append(header::SET_COOKIE, secured);
+            for o in others {
+                headers.append(header::SET_COOKIE, o);
+            }
+        }
+    }
 }
 
 /// valve's Shiny reconnect script, at any app's root (its URL carries its

@@ -1,5 +1,6 @@
 //! Integration tests: the real `valve` binary with real R workers on loopback.
 
+mod acme;
 mod admin;
 mod apps;
 mod asyncness;
@@ -12,6 +13,7 @@ mod fidelity;
 mod forward_auth;
 mod guard;
 mod harness;
+mod https;
 mod identity;
 mod isolation;
 mod landlock;
@@ -19,6 +21,7 @@ mod layers;
 mod lifecycle;
 mod observe;
 mod packages;
+mod pebble;
 mod placement;
 mod preload;
 mod publish;
