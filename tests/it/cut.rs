@@ -32,7 +32,8 @@ impl Cuttable {
         let (generation, _) = watch::channel(0u64);
         let down = Arc::new(AtomicBool::new(false));
         let accepted = Arc::new(AtomicU64::new(0));
-        let target = target.trim_start_matches("http://").trim_end_matches('/').to_string();
+        let target =
+            target.trim_start_matches("http://").trim_start_matches("https://").trim_end_matches('/').to_string();
         let acceptor = tokio::spawn({
             let (generation, down, accepted) = (generation.clone(), down.clone(), accepted.clone());
             async move {

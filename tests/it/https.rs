@@ -302,10 +302,12 @@ fn bad_tls_clients_each_cost_one_connection_and_no_worker_for_a_bounded_time() {
 }
 
 /// An HTTP/2 client over TLS trusting `ca`, on `addr`: its sender.
-async fn h2_client(
-    addr: &str,
-    ca: &Path,
-) -> hyper::client::conn::http2::SendRequest<http_body_util::StreamBody<StalledBody>> {
+async fn h2_client<B>(addr: &str, ca: &Path) -> hyper::client::conn::http2::SendRequest<B>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let mut roots = rustls::RootCertStore::empty();
     let pem = std::fs::read(ca).unwrap();
     use rustls::pki_types::pem::PemObject;
@@ -333,7 +335,7 @@ async fn h2_client(
 type StalledBody = futures_util::stream::Pending<Result<hyper::body::Frame<bytes::Bytes>, std::io::Error>>;
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_http2_client_with_100_stalled_streams_holds_no_worker() {
+async fn http2_clients_with_100_stalled_streams_or_a_flood_of_resets_hold_no_worker() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = write_cert(dir.path(), "streams", 30);
     let valve = Valve::start(&[
@@ -347,7 +349,7 @@ async fn an_http2_client_with_100_stalled_streams_holds_no_worker() {
         "1",
     ]);
     let addr = valve.url.trim_start_matches("https://").to_string();
-    let mut send = h2_client(&addr, &cert).await;
+    let mut send = h2_client::<http_body_util::StreamBody<StalledBody>>(&addr, &cert).await;
     let mut stalled = Vec::new();
     for _ in 0..100 {
         send.ready().await.unwrap();
@@ -357,6 +359,20 @@ async fn an_http2_client_with_100_stalled_streams_holds_no_worker() {
             .unwrap();
         stalled.push(tokio::spawn(send.send_request(req)));
     }
+    // Another connection opens streams and resets them at once, 1000 times
+    // (the "rapid reset" attack): valve closes that connection, nothing else.
+    let mut flood = h2_client::<http_body_util::Empty<bytes::Bytes>>(&addr, &cert).await;
+    let mut sent = 0;
+    for _ in 0..1000 {
+        if flood.ready().await.is_err() {
+            break;
+        }
+        let req = http::Request::get(valve.get("/sleep?zzz=1")).body(http_body_util::Empty::new()).unwrap();
+        let _ = tokio::time::timeout(Duration::from_micros(50), flood.send_request(req)).await;
+        sent += 1;
+    }
+    eprintln!("resets sent before valve closed the connection: {sent}");
+    assert!(sent < 1000, "valve closes a connection that only opens and resets streams");
     tokio::time::sleep(Duration::from_secs(1)).await;
     // The one worker is free for everyone else, over HTTP/2 and HTTP/1.1.
     for v in ["--http2", "--http1.1"] {
@@ -370,4 +386,39 @@ async fn an_http2_client_with_100_stalled_streams_holds_no_worker() {
     for s in stalled {
         s.abort();
     }
+}
+
+/// The reconnect layer over TLS: the connection (TLS and all) is cut twice
+/// under a burst of inputs, and the page resumes the same R session with
+/// every input once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_reconnect_layer_resumes_a_shiny_session_over_https_after_cuts() {
+    use crate::reconnect::{expected, same_session, seen, Page};
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = write_cert(dir.path(), "reconnect", 30);
+    let app = fixture("shiny_reconnect");
+    let valve = Valve::start(&[
+        "-f",
+        app.to_str().unwrap(),
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ]);
+    let proxy = crate::cut::Cuttable::start(&valve.url).await;
+    let mut page = Page::open(&proxy.url.replace("http://", "https://")).await;
+    page.ask(json!({"op": "type", "text": "typed before"})).await;
+    let before = page.state().await;
+    page.ask(json!({"op": "burst", "n": 30, "tag": "s"})).await;
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        proxy.cut();
+    }
+    page.wait_resumed(&before).await;
+    let after = page.ask(json!({"op": "waitCount", "n": 30, "timeout": 60})).await;
+    same_session(&before, &after);
+    assert_eq!(seen(&after), expected("s", 30), "R got each input once, in order: {after}");
+    assert_eq!(after["name"], "typed before");
+    page.close().await;
 }

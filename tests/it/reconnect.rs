@@ -93,19 +93,19 @@ fn reqwest_blocking(url: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn seen(state: &Value) -> Vec<String> {
+pub fn seen(state: &Value) -> Vec<String> {
     state["seen"]
         .as_array()
         .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
         .unwrap_or_default()
 }
 
-fn expected(tag: &str, n: usize) -> Vec<String> {
+pub fn expected(tag: &str, n: usize) -> Vec<String> {
     (1..=n).map(|i| format!("{tag}{i}")).collect()
 }
 
 /// Shared checks: the same session, nothing lost or repeated, no reload, no grey overlay.
-fn same_session(before: &Value, after: &Value) {
+pub fn same_session(before: &Value, after: &Value) {
     assert_eq!(after["token"], before["token"], "the same R session: {after}");
     assert_eq!(after["marker_ok"], true, "no page reload: {after}");
     assert_eq!(after["overlay_seen"], false, "Shiny's grey overlay never showed: {after}");
