@@ -25,11 +25,22 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::reply::ReplyBody;
-use super::server::ClientLimits;
 
 /// Streams one HTTP/2 connection may have open at once: each holds at most
 /// a buffered body, never a worker, so this bounds memory, not R.
 pub const MAX_STREAMS: u32 = 100;
+
+/// The limits every client connection gets.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientLimits {
+    /// To send a request's headers; also how long an idle keep-alive connection stays.
+    pub header_timeout: Duration,
+    /// The longest a client may leave an answer unread (or a body unsent).
+    pub client_timeout: Duration,
+    /// Largest request line and headers hyper reads at all (valve's own, smaller
+    /// limit answers with a JSON 431 before this).
+    pub max_head: usize,
+}
 
 /// How a listener speaks: plain HTTP, or TLS with a certificate store.
 #[derive(Clone)]

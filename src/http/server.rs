@@ -74,17 +74,7 @@ pub enum Drained {
     Cut,
 }
 
-/// The limits every client connection gets.
-#[derive(Clone, Copy, Debug)]
-pub struct ClientLimits {
-    /// To send a request's headers; also how long an idle keep-alive connection stays.
-    pub header_timeout: Duration,
-    /// The longest a client may leave an answer unread (or a body unsent).
-    pub client_timeout: Duration,
-    /// Largest request line and headers hyper reads at all (valve's own, smaller
-    /// limit answers with a JSON 431 before this).
-    pub max_head: usize,
-}
+pub use super::conn::ClientLimits;
 
 /// How the main port serves, besides its parts.
 #[derive(Clone, Copy, Debug)]

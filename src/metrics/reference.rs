@@ -105,6 +105,16 @@ fn exercised() -> Registry {
     m.reconnects.overflowed();
     m.reconnects.buffered(1);
     m.reconnects.ended(SessionEnd::Left, Some(Duration::from_secs(1)));
+    // HTTPS: a certificate served on the main port.
+    let key = rcgen::KeyPair::generate().expect("a key");
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .and_then(|p| p.self_signed(&key))
+        .expect("a certificate");
+    let pair =
+        crate::tls::certs::from_pem(cert.pem().as_bytes(), key.serialize_pem().as_bytes(), "c".as_ref(), "k".as_ref())
+            .expect("it loads");
+    let origin = crate::tls::Origin::Files { cert: "c".into(), key: "k".into() };
+    r.tls.set(vec![("main", crate::tls::Store::new(pair, origin))]);
     r
 }
 

@@ -183,6 +183,9 @@ fn a_certificate_replaced_on_disk_is_served_to_the_next_connection_and_none_is_d
     let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "--tls-cert", &cert_s, "--tls-key", &key_s]);
     let port: u16 = valve.url.rsplit(':').next().unwrap().parse().unwrap();
     assert!(served_subject(port).contains("before"));
+    // A container's HEALTHCHECK (`valve --healthcheck`, plain by default) finds the TLS port answering.
+    let health = Command::new(env!("CARGO_BIN_EXE_valve")).args(["--healthcheck", "-p", &port.to_string()]).output();
+    assert!(health.unwrap().status.success());
     // One keep-alive connection asking all along, across the replacement.
     let urls: Vec<String> = (0..300).map(|_| valve.get("/pid")).collect();
     let mut args = vec!["-s", "-k", "--http1.1", "--rate", "30/s", "-w", "%{http_code} %{num_connects}\n"];

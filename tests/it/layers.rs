@@ -22,6 +22,7 @@ use std::path::Path;
 /// modules on lower lines only; modules on one line are standalone and name
 /// none of each other. `lib` is lib.rs, which composes everything.
 const LAYERS: &[&[&str]] = &[
+    &["tls"],
     &["config"],
     &["log", "shutdown", "healthcheck", "mac", "client"],
     &["worker"],
@@ -31,6 +32,7 @@ const LAYERS: &[&[&str]] = &[
     &["http"],
     &["reload"],
     &["admin"],
+    &["https"],
     &["lib"],
 ];
 
