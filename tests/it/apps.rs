@@ -136,7 +136,7 @@ fn a_shiny_app_works_under_its_prefix_in_a_real_browser() {
         .expect("node runs");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && text.contains("\"rerendered\":true"), "Shiny under /explorer/ in Chromium: {text}");
-    valve.wait_for_log("path=/explorer/websocket/ status=101", Duration::from_secs(5));
+    valve.wait_for_log("path=/explorer/websocket/ http=1.1 status=101", Duration::from_secs(5));
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -295,7 +295,7 @@ fn a_trusted_proxy_names_the_shiny_user_and_a_browser_alone_cannot() {
         "session$user, session$groups and the client's address in REMOTE_ADDR: {seen}"
     );
     assert!(seen.contains(r#""users":["alice"]"#), "the status lists the session's user: {seen}");
-    valve.wait_for_log("path=/websocket/ status=101", Duration::from_secs(10));
+    valve.wait_for_log("path=/websocket/ http=1.1 status=101", Duration::from_secs(10));
     assert!(valve.log().lines().any(|l| l.contains("path=/websocket/") && l.contains("user=alice")), "{}", valve.log());
 
     // The same browser headers from a peer valve does not trust name nobody.

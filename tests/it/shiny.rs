@@ -34,7 +34,7 @@ fn hello_renders_its_plot_and_rerenders_on_input() {
     let valve = Valve::start(&["-f", &shiny_example("01_hello")]);
     let seen = drive("hello", &valve, &[]);
     assert!(seen.contains("\"rerendered\":true"));
-    valve.wait_for_log("path=/websocket/ status=101", Duration::from_secs(5));
+    valve.wait_for_log("path=/websocket/ http=1.1 status=101", Duration::from_secs(5));
 }
 
 #[test]
