@@ -8,7 +8,9 @@ test_that("the installed package carries a stripped valve binary of a few MB", {
   expect_equal(valve_binary(), normalizePath(bin))
   expect_true(valve_available())
   size <- file.size(bin)
-  expect_lt(size, 10 * 1024^2)
+  # About 12 MB since HTTPS (rustls and ring, HTTP/2, the ACME client and
+  # certificate parsing): under 16 MB, far from an unstripped build's ~100.
+  expect_lt(size, 16 * 1024^2)
   # Stripped: no symbol table section left.
   bytes <- readBin(bin, "raw", size)
   expect_length(grepRaw(".symtab", bytes, fixed = TRUE), 0)
