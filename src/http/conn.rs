@@ -95,38 +95,31 @@ async fn handshake(
     limit: Duration,
     peer: SocketAddr,
 ) -> Option<tokio_rustls::server::TlsStream<ClientIo>> {
-    let started = tokio::time::timeout(limit, async {
+    let handshake = async {
         let mut first = [0u8; 1];
-        io.inner.peek(&mut first).await.ok().filter(|n| *n == 1).map(|_| first[0])
-    })
-    .await;
-    let mut io = io;
-    match started {
-        Ok(Some(0x16)) => {}
-        Ok(Some(b'A'..=b'Z')) => {
-            // A TLS record starts 0x16; a letter is an HTTP method.
-            let body = "{\"error\":\"this port speaks HTTPS: use https:// (plain HTTP was sent to it)\"}\n";
-            let answer = format!(
-                "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = io.write_all(answer.as_bytes()).await;
-            let _ = io.shutdown().await;
-            return None;
+        match io.inner.peek(&mut first).await {
+            Ok(1) if first[0] == 0x16 => {}
+            Ok(1) if first[0].is_ascii_uppercase() => {
+                // A TLS record starts 0x16; a capital letter is an HTTP method.
+                let body = "{\"error\":\"this port speaks HTTPS: use https:// (plain HTTP was sent to it)\"}\n";
+                let answer = format!(
+                    "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let mut io = io;
+                let _ = io.write_all(answer.as_bytes()).await;
+                let _ = io.shutdown().await;
+                return Err("plain HTTP sent to the TLS port".to_string());
+            }
+            _ => return Err("no TLS handshake".to_string()),
         }
-        Ok(_) => {
-            tracing::debug!(%peer, "TLS client sent no handshake");
-            return None;
-        }
-        Err(_) => {
-            tracing::debug!(%peer, "TLS client sent nothing within the header timeout");
-            return None;
-        }
-    }
-    match tokio::time::timeout(limit, acceptor.accept(io)).await {
+        acceptor.accept(io).await.map_err(|e| e.to_string())
+    };
+    // One bound for the whole handshake, as for an HTTP/1.1 request's head.
+    match tokio::time::timeout(limit, handshake).await {
         Ok(Ok(tls)) => Some(tls),
-        Ok(Err(e)) => {
-            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+        Ok(Err(why)) => {
+            tracing::debug!(%peer, error = %why, "TLS handshake failed");
             None
         }
         Err(_) => {
@@ -156,48 +149,50 @@ where
             inner.call(req)
         });
         let conn = http2_builder(limits).serve_connection(io, service);
-        tokio::pin!(conn);
-        let first = tokio::time::sleep(limits.header_timeout);
-        tokio::pin!(first);
-        let mut waiting = true;
-        loop {
-            tokio::select! {
-                r = conn.as_mut() => break r,
-                _ = &mut first, if waiting => {
-                    waiting = false;
-                    if !asked.load(Ordering::Relaxed) {
-                        conn.as_mut().graceful_shutdown();
-                    }
-                }
-                _ = drain.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    break conn.await;
-                }
-            }
-        }
+        until_drained(conn, |c| c.graceful_shutdown(), drain, Some((limits.header_timeout, asked))).await
     } else if upgrades {
         let conn = http1_builder(limits).serve_connection(io, service).with_upgrades();
-        tokio::pin!(conn);
-        tokio::select! {
-            r = conn.as_mut() => r,
-            _ = drain.cancelled() => {
-                conn.as_mut().graceful_shutdown();
-                conn.await
-            }
-        }
+        until_drained(conn, |c| c.graceful_shutdown(), drain, None).await
     } else {
         let conn = http1_builder(limits).serve_connection(io, service);
-        tokio::pin!(conn);
-        tokio::select! {
-            r = conn.as_mut() => r,
-            _ = drain.cancelled() => {
-                conn.as_mut().graceful_shutdown();
-                conn.await
-            }
-        }
+        until_drained(conn, |c| c.graceful_shutdown(), drain, None).await
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, "client connection ended with an error");
+    }
+}
+
+/// Drives `conn` to its end; when `drain` fires, or when `first` passes
+/// (its time, and whether a request came) with no request, asks it to
+/// finish what is in flight and close (`shut`).
+async fn until_drained<C>(
+    conn: C,
+    shut: impl Fn(Pin<&mut C>),
+    drain: CancellationToken,
+    first: Option<(Duration, Arc<AtomicBool>)>,
+) -> hyper::Result<()>
+where
+    C: Future<Output = hyper::Result<()>>,
+{
+    tokio::pin!(conn);
+    let (wait, asked) = first.unzip();
+    let idle = tokio::time::sleep(wait.unwrap_or(Duration::MAX));
+    tokio::pin!(idle);
+    let mut watching = asked.is_some();
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => return r,
+            _ = &mut idle, if watching => {
+                watching = false;
+                if asked.as_ref().is_some_and(|a| !a.load(Ordering::Relaxed)) {
+                    shut(conn.as_mut());
+                }
+            }
+            _ = drain.cancelled() => {
+                shut(conn.as_mut());
+                return conn.await;
+            }
+        }
     }
 }
 

@@ -375,8 +375,10 @@ impl Forwarder {
         let cookie = match &seat {
             Seat::Sticky(sticky) if sticky.new => {
                 let path = if app.config.prefix == "/" { "/".to_string() } else { format!("{}/", app.config.prefix) };
+                // Over valve's TLS, browsers send it back over TLS only.
+                let secure = if head.addrs.is_some_and(|a| a.secure) { "; Secure" } else { "" };
                 HeaderValue::from_str(&format!(
-                    "{STICKY_COOKIE}={}.{:x}.{}; Path={path}; HttpOnly; SameSite=Lax",
+                    "{STICKY_COOKIE}={}.{:x}.{}; Path={path}; HttpOnly; SameSite=Lax{secure}",
                     sticky.worker,
                     sticky.token,
                     self.cookie_mac(sticky.worker, sticky.token)

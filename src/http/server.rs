@@ -143,11 +143,8 @@ impl Front {
         if self.closing.is_cancelled() && resp.status() != StatusCode::SWITCHING_PROTOCOLS && !http2 {
             resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        if secure {
-            if let Some(hsts) = &self.hsts {
-                resp.headers_mut().entry(header::STRICT_TRANSPORT_SECURITY).or_insert_with(|| hsts.clone());
-            }
-            secure_cookies(resp.headers_mut());
+        if let (true, Some(hsts)) = (secure, &self.hsts) {
+            resp.headers_mut().entry(header::STRICT_TRANSPORT_SECURITY).or_insert_with(|| hsts.clone());
         }
         Ok(resp)
     }
@@ -403,24 +400,6 @@ fn h2_websocket(req: &mut Request<Incoming>) -> bool {
         }
     }
     websocket
-}
-
-/// Over TLS, valve's own cookies (the sticky worker's) are sent back by
-/// browsers over TLS only.
-fn secure_cookies(headers: &mut http::HeaderMap) {
-    for value in headers.get_all(header::SET_COOKIE).iter().cloned().collect::<Vec<_>>() {
-        let text = value.to_str().unwrap_or("");
-        if text.starts_with(super::head::STICKY_COOKIE) && !text.to_ascii_lowercase().contains("; secure") {
-            let secured = HeaderValue::from_str(&format!("{text}; Secure")).unwrap_or(value.clone());
-            let others: Vec<HeaderValue> =
-                headers.get_all(header::SET_COOKIE).iter().filter(|v| **v != value).cloned().collect();
-            headers.remove(header::SET_COOKIE);
-            headers.append(header::SET_COOKIE, secured);
-            for o in others {
-                headers.append(header::SET_COOKIE, o);
-            }
-        }
-    }
 }
 
 /// valve's Shiny reconnect script, at any app's root (its URL carries its

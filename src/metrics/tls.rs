@@ -24,28 +24,24 @@ impl TlsCerts {
         if stores.is_empty() {
             return;
         }
-        super::family::header(
-            out,
-            "valve_tls_certificate_days_left",
-            "gauge",
-            "Days until the certificate served expires (negative once expired), by listener.",
-        );
-        for (listener, store) in stores {
-            let _ = writeln!(
-                out,
-                "valve_tls_certificate_days_left{{listener=\"{listener}\"}} {:.4}",
-                days_left(store.shown().not_after)
-            );
-        }
-        super::family::header(
-            out,
-            "valve_tls_certificate_renewal_failing",
-            "gauge",
-            "1 while the last attempt to replace the certificate (read again, or renewed) failed and the old one serves on.",
-        );
-        for (listener, store) in stores {
-            let failing = u8::from(store.shown().failing.is_some());
-            let _ = writeln!(out, "valve_tls_certificate_renewal_failing{{listener=\"{listener}\"}} {failing}");
+        type Value = fn(&Store) -> String;
+        let families: [(&str, &str, Value); 2] = [
+            (
+                "valve_tls_certificate_days_left",
+                "Days until the certificate served expires (negative once expired), by listener.",
+                |s| format!("{:.4}", days_left(s.shown().not_after)),
+            ),
+            (
+                "valve_tls_certificate_renewal_failing",
+                "1 while the last attempt to replace the certificate (read again, or renewed) failed and the old one serves on.",
+                |s| u8::from(s.shown().failing.is_some()).to_string(),
+            ),
+        ];
+        for (name, help, value) in families {
+            super::family::header(out, name, "gauge", help);
+            for (listener, store) in stores {
+                let _ = writeln!(out, "{name}{{listener=\"{listener}\"}} {}", value(store));
+            }
         }
     }
 }

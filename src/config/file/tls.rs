@@ -8,18 +8,25 @@ use super::Cx;
 use crate::config::tls::{list, Tls};
 
 impl Cx<'_> {
-    /// A key that names a file or folder (relative to the config file's folder), else the flag's.
-    fn tls_path(&mut self, key: &str, flag: &Option<PathBuf>) -> Option<Option<PathBuf>> {
-        let Some(v) = self.pick(key, None) else { return Some(flag.clone()) };
+    /// A key that holds one string (`what` it must be, for the message), else the flag's.
+    fn tls_text(&mut self, key: &str, flag: Option<String>, what: &str) -> Option<Option<String>> {
+        let Some(v) = self.pick(key, None) else { return Some(flag) };
         match v.get_ref().as_str().filter(|s| !s.is_empty()) {
-            Some(s) => Some(Some(PathBuf::from(s))),
+            Some(s) => Some(Some(s.to_string())),
             None => {
-                self.at(
-                    v.span(),
-                    format!("{key} = {}: must be a path, such as \"/etc/valve/tls/cert.pem\"", v.get_ref()),
-                );
+                self.at(v.span(), format!("{key} = {}: must be {what}", v.get_ref()));
                 None
             }
+        }
+    }
+
+    /// A key that names a file or folder (relative to the config file's folder), else the flag's.
+    fn tls_path(&mut self, key: &str, flag: &Option<PathBuf>) -> Option<Option<PathBuf>> {
+        match self.pick(key, None) {
+            Some(_) => {
+                self.tls_text(key, None, "a path, such as \"/etc/valve/tls/cert.pem\"").map(|t| t.map(PathBuf::from))
+            }
+            None => Some(flag.clone()),
         }
     }
 
