@@ -7,20 +7,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::harness::{free_port, need_browser, wait_until, Valve};
-use crate::https::{curl, serves_every_kind_over_https};
+use crate::https::{curl, served, serves_every_kind_over_https};
 use crate::pebble::Pebble;
-
-/// The serial of the certificate served on `port` to a new connection.
-fn served_serial(port: u16) -> String {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "echo | openssl s_client -connect 127.0.0.1:{port} -servername localhost 2>/dev/null | openssl x509 -noout -serial"
-        ))
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 #[test]
 fn pebble_issues_valve_a_certificate_valve_renews_it_and_a_failing_authority_leaves_the_old_one_serving() {
@@ -54,16 +42,16 @@ fn pebble_issues_valve_a_certificate_valve_renews_it_and_a_failing_authority_lea
     let (c, _, head) = curl(&[&format!("http://localhost:{http_port}/api/pid")]);
     assert_eq!(c, 308, "{head}");
     // Renewed with a third of its 30 s left, and served to the next connection.
-    let first = served_serial(port);
+    let first = served(port, "-serial");
     valve.wait_for_log("TLS certificate renewed by the ACME authority", Duration::from_secs(40));
-    wait_until("the renewed certificate served", Duration::from_secs(5), || served_serial(port) != first);
-    let renewed = served_serial(port);
+    wait_until("the renewed certificate served", Duration::from_secs(5), || served(port, "-serial") != first);
+    let renewed = served(port, "-serial");
     let (c, _, h) = curl(&["--cacert", root.to_str().unwrap(), &format!("{base}/api/pid")]);
     assert_eq!(c, 200, "the renewed certificate checks out: {h}");
     // The authority goes away: the next renewal fails, the renewed certificate serves on.
     pebble.stop();
     valve.wait_for_log("TLS certificate not renewed: the current one serves on", Duration::from_secs(40));
-    assert_eq!(served_serial(port), renewed);
+    assert_eq!(served(port, "-serial"), renewed);
     let (c, _, h) = curl(&["--cacert", root.to_str().unwrap(), &format!("{base}/api/pid")]);
     assert_eq!(c, 200, "{h}");
     let status = valve.status();

@@ -163,6 +163,24 @@ pub fn test_cache() -> PathBuf {
     })
 }
 
+/// A Go program scripts/install-deps builds into `test_cache()` as
+/// `NAME-VERSION`, the version the module `tests/NAME/go.mod` requires of
+/// `module`; the variable `env` names another binary instead.
+pub fn go_tool(name: &str, module: &str, env: &str) -> PathBuf {
+    if let Some(bin) = std::env::var_os(env) {
+        return PathBuf::from(bin);
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/{name}/go.mod"));
+    let go_mod =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{} pins {name}'s version: {e}", path.display()));
+    let version = go_mod
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(module)?.strip_prefix(' '))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{} requires {module}", path.display()));
+    test_cache().join(format!("{name}-{version}"))
+}
+
 /// A temporary folder anyone may read and enter (mode 0755, not tempfile's
 /// 0700): an app's folder there is readable by the user of its own valve
 /// gives it (as root), as an app's folder on a server is.

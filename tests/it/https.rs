@@ -31,6 +31,14 @@ pub fn write_cert(dir: &Path, cn: &str, days: i64) -> (PathBuf, PathBuf) {
     (c, k)
 }
 
+/// valve serving `app` over HTTPS with `cert` and `key`, with `extra` flags.
+fn start_tls(app: &Path, cert: &Path, key: &Path, extra: &[&str]) -> Valve {
+    let mut args =
+        vec!["-f", app.to_str().unwrap(), "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    Valve::start(&args)
+}
+
 /// curl with `args`: (HTTP status or 0, body, headers and stderr).
 pub fn curl(args: &[&str]) -> (u16, String, String) {
     let out = Command::new("curl")
@@ -46,12 +54,13 @@ pub fn curl(args: &[&str]) -> (u16, String, String) {
     (code, body.to_string(), format!("http_version={version}\n{}", String::from_utf8_lossy(&out.stderr)))
 }
 
-/// The subject of the certificate served on `port` to a new connection.
-pub fn served_subject(port: u16) -> String {
+/// What `openssl x509 -noout FIELD` (`-subject`, `-serial`) says of the
+/// certificate served on `port` to a new connection.
+pub fn served(port: u16, field: &str) -> String {
     let out = Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "echo | openssl s_client -connect 127.0.0.1:{port} -servername localhost 2>/dev/null | openssl x509 -noout -subject"
+            "echo | openssl s_client -connect 127.0.0.1:{port} -servername localhost 2>/dev/null | openssl x509 -noout {field}"
         ))
         .output()
         .unwrap();
@@ -179,10 +188,9 @@ fn https_from_files_serves_plumber_shiny_and_static_over_http1_and_http2() {
 fn a_certificate_replaced_on_disk_is_served_to_the_next_connection_and_none_is_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = write_cert(dir.path(), "before", 30);
-    let (cert_s, key_s) = (cert.to_str().unwrap().to_string(), key.to_str().unwrap().to_string());
-    let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "--tls-cert", &cert_s, "--tls-key", &key_s]);
+    let valve = start_tls(&fixture("api.R"), &cert, &key, &[]);
     let port: u16 = valve.url.rsplit(':').next().unwrap().parse().unwrap();
-    assert!(served_subject(port).contains("before"));
+    assert!(served(port, "-subject").contains("before"));
     // A container's HEALTHCHECK (`valve --healthcheck`, plain by default) finds the TLS port answering.
     let health = Command::new(env!("CARGO_BIN_EXE_valve")).args(["--healthcheck", "-p", &port.to_string()]).output();
     assert!(health.unwrap().status.success());
@@ -198,14 +206,14 @@ fn a_certificate_replaced_on_disk_is_served_to_the_next_connection_and_none_is_d
     std::fs::copy(&c2, &cert).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     std::fs::copy(&k2, &key).unwrap();
-    wait_until("the new certificate served", Duration::from_secs(10), || served_subject(port).contains("after"));
+    wait_until("the new certificate served", Duration::from_secs(10), || served(port, "-subject").contains("after"));
     // A bad one (a key that is not the certificate's) keeps "after" serving, said in the log.
     let other = tempfile::tempdir().unwrap();
     let (_, k3) = write_cert(other.path(), "stray", 60);
     std::fs::copy(&k3, &key).unwrap();
     valve.wait_for_log("TLS certificate not replaced", Duration::from_secs(10));
     assert!(valve.log().contains("is not the key of the certificate in"), "{}", valve.log());
-    assert!(served_subject(port).contains("after"));
+    assert!(served(port, "-subject").contains("after"));
     // SIGHUP reads the files again: the right key back, at once.
     std::fs::copy(&k2, &key).unwrap();
     valve.signal(libc::SIGHUP);
@@ -265,18 +273,7 @@ fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
 fn bad_tls_clients_each_cost_one_connection_and_no_worker_for_a_bounded_time() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = write_cert(dir.path(), "bounds", 30);
-    let valve = Valve::start(&[
-        "-f",
-        fixture("api.R").to_str().unwrap(),
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-        "--header-timeout",
-        "2",
-        "-n",
-        "1",
-    ]);
+    let valve = start_tls(&fixture("api.R"), &cert, &key, &["--header-timeout", "2", "-n", "1"]);
     let addr = valve.url.trim_start_matches("https://").to_string();
     let start = Instant::now();
     // Garbage: closed at once.
@@ -341,16 +338,7 @@ type StalledBody = futures_util::stream::Pending<Result<hyper::body::Frame<bytes
 async fn http2_clients_with_100_stalled_streams_or_a_flood_of_resets_hold_no_worker() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = write_cert(dir.path(), "streams", 30);
-    let valve = Valve::start(&[
-        "-f",
-        fixture("api.R").to_str().unwrap(),
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-        "-n",
-        "1",
-    ]);
+    let valve = start_tls(&fixture("api.R"), &cert, &key, &["-n", "1"]);
     let addr = valve.url.trim_start_matches("https://").to_string();
     let mut send = h2_client::<http_body_util::StreamBody<StalledBody>>(&addr, &cert).await;
     let mut stalled = Vec::new();
@@ -402,14 +390,7 @@ async fn the_reconnect_layer_resumes_a_shiny_session_over_https_after_cuts() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = write_cert(dir.path(), "reconnect", 30);
     let app = fixture("shiny_reconnect");
-    let valve = Valve::start(&[
-        "-f",
-        app.to_str().unwrap(),
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-    ]);
+    let valve = start_tls(&app, &cert, &key, &[]);
     let proxy = crate::cut::Cuttable::start(&valve.url).await;
     let mut page = Page::open(&proxy.url.replace("http://", "https://")).await;
     page.ask(json!({"op": "type", "text": "typed before"})).await;

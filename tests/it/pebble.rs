@@ -14,21 +14,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::harness::{fixture, free_port, test_cache, START_DEADLINE};
+use crate::harness::{fixture, free_port, go_tool, START_DEADLINE};
 
 /// The Pebble binary scripts/install-deps builds (`VALVE_PEBBLE` overrides).
 pub fn pebble_bin() -> PathBuf {
-    if let Some(bin) = std::env::var_os("VALVE_PEBBLE") {
-        return PathBuf::from(bin);
-    }
-    let go_mod = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pebble/go.mod"))
-        .expect("tests/pebble/go.mod pins Pebble's version");
-    let version = go_mod
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("github.com/letsencrypt/pebble/v2 "))
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("tests/pebble/go.mod requires github.com/letsencrypt/pebble/v2");
-    test_cache().join(format!("pebble-{version}"))
+    go_tool("pebble", "github.com/letsencrypt/pebble/v2", "VALVE_PEBBLE")
 }
 
 /// A running Pebble, killed when dropped.

@@ -21,7 +21,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 
-use crate::harness::{client, closed_port, fixture, free_port, need_r_packages, test_cache, Valve, START_DEADLINE};
+use crate::harness::{client, closed_port, fixture, free_port, go_tool, need_r_packages, Valve, START_DEADLINE};
 
 /// How long a span may take to show in Jaeger: valve batches for a second,
 /// Jaeger stores at once; seconds on a loaded machine.
@@ -32,17 +32,7 @@ const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
 /// The Jaeger binary scripts/install-deps builds (`VALVE_JAEGER` overrides).
 fn jaeger_bin() -> PathBuf {
-    if let Some(bin) = std::env::var_os("VALVE_JAEGER") {
-        return PathBuf::from(bin);
-    }
-    let go_mod = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/jaeger/go.mod"))
-        .expect("tests/jaeger/go.mod pins Jaeger's version");
-    let version = go_mod
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("github.com/jaegertracing/jaeger "))
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("tests/jaeger/go.mod requires github.com/jaegertracing/jaeger");
-    test_cache().join(format!("jaeger-{version}"))
+    go_tool("jaeger", "github.com/jaegertracing/jaeger", "VALVE_JAEGER")
 }
 
 /// Jaeger v2 with an in-memory store: OTLP/HTTP in, the query API out.
