@@ -2,10 +2,12 @@
 //! `future`, rejected, chained, drawing images) answer through valve exactly as
 //! a plain plumber process answers them; and one worker keeps several promises
 //! pending at once, as plain plumber does. No assertion here is about time: the
-//! concurrency tests assert orderings, read from R's clock and from the order
-//! in which answers arrive.
+//! concurrency tests hold their promises behind a gate they open themselves,
+//! and assert orderings, read from R's clock and from the order in which
+//! answers arrive.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -135,7 +137,7 @@ async fn async_answers_match_plain_plumber() {
     }
 }
 
-/// What `/later` said: the request's id, the pid that answered, and R's clock
+/// What `/later` or `/gated` said: the request's id, the pid that answered, and R's clock
 /// when the endpoint ran and when its promise resolved.
 #[derive(Debug)]
 struct Later {
@@ -173,31 +175,55 @@ fn most_pending(answers: &[Later]) -> usize {
     most as usize
 }
 
-/// Sends 8 `/later?secs=1` at once to `base` and checks, in R's clock, that
-/// one process kept several of their promises pending at the same time.
+/// How long a test waits for what never comes when promises are served one at
+/// a time: a bound against hanging, far above what it takes on a busy machine.
+const GATE_DEADLINE: Duration = Duration::from_secs(60);
+
+/// `fut`'s output, or a failure naming `what` once GATE_DEADLINE has passed.
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(GATE_DEADLINE, fut)
+        .await
+        .unwrap_or_else(|_| panic!("no {what} after {GATE_DEADLINE:?}: the server served one promise at a time"))
+}
+
+/// A GET of `path` on `base`, as JSON.
+async fn json_of(base: &str, path: &str) -> serde_json::Value {
+    let resp = client().get(format!("{base}{path}")).send().await.unwrap();
+    assert_eq!(resp.status(), 200, "{path}");
+    resp.json().await.unwrap()
+}
+
+/// Opens `gate`: its promises resolve.
+async fn open(base: &str, gate: &str) {
+    json_of(base, &format!("/open?gate={gate}")).await;
+}
+
+/// Sends 8 `/gated` at once to `base`; checks that R, in one process, holds all
+/// 8 promises pending at once (counted by R and asked amid them), then opens
+/// their gate and checks R's clock agrees: all 8 started before any resolved.
 async fn eight_promises_overlap(base: &str) -> u64 {
-    let calls = (0..8).map(|i| {
-        let url = format!("{base}/later?secs=1&id=call{i}");
-        async move {
-            let resp = client().get(url).send().await.unwrap();
-            let status = resp.status().as_u16();
-            (i, later_answer(status, &resp.text().await.unwrap()))
+    let gate = "overlap";
+    let calls: Vec<_> = (0..8).map(|i| spawn_later(format!("{base}/gated?gate={gate}&id=call{i}"))).collect();
+    within("answer saying R holds 8 promises pending", async {
+        while json_of(base, &format!("/waiting?gate={gate}")).await["waiting"] != 8 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-    });
-    let answers = futures::future::join_all(calls).await;
-    for (i, a) in &answers {
+    })
+    .await;
+    open(base, gate).await;
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    for (i, a) in answers.iter().enumerate() {
         assert_eq!(a.id, format!("call{i}"), "each call got its own answer: {answers:?}");
     }
-    let answers: Vec<Later> = answers.into_iter().map(|(_, a)| a).collect();
     let pids: std::collections::BTreeSet<u64> = answers.iter().map(|a| a.pid).collect();
     assert_eq!(pids.len(), 1, "one process answered all 8: {answers:?}");
-    // In R's own clock: a request started before another one's promise resolved.
+    // In R's own clock: every promise started before any resolved.
     let most = most_pending(&answers);
     let spans: Vec<String> = answers.iter().map(|a| format!("{} {:.3}..{:.3}", a.id, a.started, a.resolved)).collect();
-    assert!(
-        most >= 2,
-        "R kept at most {most} promise pending at a time: the 8 ran one after another, not overlapped (started..resolved in R): {spans:?}"
-    );
+    assert_eq!(most, 8, "R kept at most {most} promises pending at a time (started..resolved in R): {spans:?}");
     answers[0].pid
 }
 
@@ -243,19 +269,20 @@ async fn answer(mut sent: Sent) -> (u16, String) {
     (status, body.to_string())
 }
 
-/// Sends 4 `/later?secs=3` to `base`, then, once it has read them all, `/echo`;
-/// checks that `/echo` answered before any of them, in the order the answers
-/// arrived and in R's clock.
+/// Sends 4 `/gated` to `base`, then, once it has read them all, `/echo`;
+/// checks that `/echo` is answered while the 4 promises wait at their closed
+/// gate, and in R's clock ran before any of them resolved.
 async fn echo_overtakes_pending_promises(base: &str) {
     let server_port: u16 = base.trim_end_matches('/').rsplit(':').next().unwrap().parse().unwrap();
+    let gate = "echo";
     // The order in which answers arrive.
     let arrived = Arc::new(Mutex::new(Vec::<String>::new()));
     let mut pending = Vec::new();
     for i in 0..4 {
-        let sent = send(base, &format!("/later?secs=3&id=later{i}")).await;
+        let sent = send(base, &format!("/gated?gate={gate}&id=later{i}")).await;
         // Pending: the server has read the whole request (none of it is left unread).
         let port = sent.port;
-        wait_until(&format!("the server reading /later #{i}"), TAKE_DEADLINE, || {
+        wait_until(&format!("the server reading /gated #{i}"), TAKE_DEADLINE, || {
             unread_by_server(server_port, port) == Some(0)
         });
         let arrived = arrived.clone();
@@ -266,17 +293,20 @@ async fn echo_overtakes_pending_promises(base: &str) {
             later
         }));
     }
-    let (status, body) = answer(send(base, "/echo?msg=fast").await).await;
+    let (status, body) =
+        within("answer to /echo amid 4 pending promises", async { answer(send(base, "/echo?msg=fast").await).await })
+            .await;
     arrived.lock().unwrap().push("echo".into());
     assert_eq!(status, 200, "/echo: {body}");
     let echo: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(echo["msg"], "fast");
+    open(base, gate).await;
     let mut laters = Vec::new();
     for p in pending {
         laters.push(p.await.unwrap());
     }
     let arrived = arrived.lock().unwrap().clone();
-    assert_eq!(arrived[0], "echo", "/echo answered only after a pending /later did: arrival order {arrived:?}");
+    assert_eq!(arrived[0], "echo", "/echo answered only after a pending /gated did: arrival order {arrived:?}");
     // And in R's clock: /echo ran before any of the four promises resolved.
     let echo_at: f64 = echo["at"].as_str().unwrap().parse().unwrap();
     for later in &laters {
@@ -299,7 +329,7 @@ async fn plain_plumber_answers_a_fast_call_amid_pending_promises() {
     echo_overtakes_pending_promises(&plumber.url).await;
 }
 
-/// GETs a `/later` URL in a task of its own; the task gives its answer.
+/// GETs a `/later` or `/gated` URL in a task of its own; the task gives its answer.
 fn spawn_later(url: String) -> tokio::task::JoinHandle<Later> {
     tokio::spawn(async move {
         let resp = client().get(url).send().await.unwrap();
@@ -345,10 +375,13 @@ async fn the_requests_a_dead_worker_held_waiting_on_promises_are_tried_again_els
     need_async_packages();
     let valve = Valve::start(&["-f", &api(), "-n", "1"]);
     let first = valve.workers();
-    let held: Vec<_> = (0..2).map(|i| spawn_later(format!("{}/later?secs=5&id=held{i}", valve.url))).collect();
+    let held: Vec<_> = (0..2).map(|i| spawn_later(format!("{}/gated?gate=held&id=held{i}", valve.url))).collect();
     wait_for_pending(&valve, 2);
     // The worker dies from outside (an OOM kill) holding both.
     unsafe { libc::kill(first[0] as i32, libc::SIGKILL) };
+    // Its replacement gets them again: they resolve there once its gate is open.
+    wait_until("a new worker", TAKE_DEADLINE, || valve.workers().iter().any(|pid| !first.contains(pid)));
+    open(&valve.url, "held").await;
     for (i, call) in held.into_iter().enumerate() {
         let later = call.await.unwrap();
         assert_eq!(later.id, format!("held{i}"));
@@ -360,7 +393,7 @@ async fn the_requests_a_dead_worker_held_waiting_on_promises_are_tried_again_els
 async fn sigterm_waits_for_pending_promises_to_settle() {
     need_async_packages();
     let mut valve = Valve::start(&["-f", &api(), "-n", "1"]);
-    let calls: Vec<_> = (0..3).map(|i| spawn_later(format!("{}/later?secs=2&id=p{i}", valve.url))).collect();
+    let calls: Vec<_> = (0..3).map(|i| spawn_later(format!("{}/later?secs=5&id=p{i}", valve.url))).collect();
     wait_for_pending(&valve, 3);
     valve.signal(libc::SIGTERM);
     for (i, call) in calls.into_iter().enumerate() {
