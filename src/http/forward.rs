@@ -390,6 +390,9 @@ impl Forwarder {
         let mut out = match body {
             Answer::Whole(payload) => {
                 drop(seat);
+                // The worker went to the request waiting for one, if any: let
+                // it write to R before this answer is encrypted and written.
+                tokio::task::yield_now().await;
                 let root = head.uri.path() == "/" && matches!(head.method, Method::GET | Method::HEAD);
                 if root && parts.status == StatusCode::NOT_FOUND {
                     // The API has no `/` route: send people to the docs, as the reference tool did.
