@@ -305,7 +305,7 @@ pub(super) async fn wait_parent(mut child: Child, own: super::reap::Own, tail: A
 }
 
 async fn start_parent(spec: &Spec, spawner: &Spawner) -> Result<Parent, StartError> {
-    let mut cmd = spec.command("preload")?;
+    let mut cmd = spec.command("preload")?.parent_of_forks();
     cmd.env("VALVE_PID", std::process::id().to_string())
         .env("VALVE_START_TIME", own_start_time().unwrap_or_default())
         .stdin(Stdio::piped());

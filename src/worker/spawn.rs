@@ -42,7 +42,7 @@ const ENTER_LIB: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/valve_enter.s
 /// mode is `madvise`, the default of many distributions; a no-op under
 /// `always` or `never`, or before glibc 2.35). R's heap then takes fewer TLB
 /// misses: ~5 % less R CPU on plumber's request path for ~1 % more memory
-/// (bench/r-cost; PSS unchanged with --preload, whose forks split the pages).
+/// (bench/r-cost). Not in a parent of forks nor its forks: `parent_of_forks`.
 const HUGE_PAGES: &str = "glibc.malloc.hugetlb=1";
 
 /// The workers' GLIBC_TUNABLES given the value they would inherit: the
@@ -180,6 +180,26 @@ impl Launchable {
             });
         }
         Ok(Launchable { cmd, report })
+    }
+
+    /// For an R process valve starts to fork workers from (the warm parent, a
+    /// `--preload` parent): no transparent huge pages, for it and its forks
+    /// (the kernel keeps the switch across fork and exec; `HUGE_PAGES` then
+    /// asks for nothing). A fork writing into a huge page it shares with its
+    /// parent paid for it on its slowest requests: with huge pages a warm
+    /// parent's fork had a p99 2-3 % over a fresh R's on bench/packages' c.,
+    /// without them within 1 %; its R CPU per GET /echo stayed within this
+    /// machine's noise (bench/r-cost).
+    pub(super) fn parent_of_forks(mut self) -> Launchable {
+        // SAFETY: one raw prctl between fork and exec. Its failure (a kernel
+        // before 3.15) leaves huge pages as they were.
+        unsafe {
+            self.cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+                Ok(())
+            });
+        }
+        self
     }
 
     /// `cmd`, dying with valve, in no sandbox (valve's own helpers: the warm parent).

@@ -185,11 +185,22 @@ fn anon_huge_kb(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// Whether the kernel lets process `pid` have transparent huge pages
+/// (`THP_enabled` in its status: 0 once PR_SET_THP_DISABLE is set on it or
+/// on the parent it was forked from).
+fn thp_enabled(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("THP_enabled:")).is_none_or(|v| v.trim() != "0")
+}
+
 /// valve asks glibc's malloc for transparent huge pages in every R process it
 /// starts (less R CPU per request, bench/r-cost), keeps the user's other
-/// tunables, and leaves a user's own `glibc.malloc.hugetlb` alone.
+/// tunables, and leaves a user's own `glibc.malloc.hugetlb` alone; an R
+/// process valve forks workers from (the warm parent, a preload parent) and
+/// its forks do without (bench/packages c.: a fork writing into a huge page it
+/// shares with its parent is slower on its slowest requests).
 #[tokio::test(flavor = "multi_thread")]
-async fn workers_ask_for_huge_pages_unless_the_user_said_otherwise() {
+async fn fresh_workers_ask_for_huge_pages_unless_the_user_said_otherwise_and_forks_do_without() {
     let api = fixture("api.R");
     let tunables = |valve: &Valve| {
         let url = valve.get("/env?name=GLIBC_TUNABLES");
@@ -198,25 +209,48 @@ async fn workers_ask_for_huge_pages_unless_the_user_said_otherwise() {
             body["value"][0].as_str().unwrap_or("(unset)").to_string()
         }
     };
-
-    // Where R's heap is: a fork of a preload parent splits the parent's huge
-    // pages on its first writes, so look at the parent there.
-    let heap_pid = |valve: &Valve| valve.preload_parent().unwrap_or_else(|| valve.workers()[0]);
     let madvise = thp_mode() == "madvise";
 
-    let valve =
-        Valve::start_with_env(&["-f", api.to_str().unwrap()], &[("GLIBC_TUNABLES", "glibc.malloc.arena_max=4")]);
+    // A fresh R (under VALVE_PRELOAD=true the workers are forks even so).
+    let valve = Valve::start_with_env(
+        &["-f", api.to_str().unwrap(), "--warm-parent", "false"],
+        &[("GLIBC_TUNABLES", "glibc.malloc.arena_max=4")],
+    );
     assert_eq!(tunables(&valve).await, "glibc.malloc.arena_max=4:glibc.malloc.hugetlb=1");
-    if madvise {
-        let pid = heap_pid(&valve);
-        assert!(anon_huge_kb(pid) > 0, "no transparent huge pages in R process {pid}");
+    let worker = valve.workers()[0];
+    match valve.preload_parent() {
+        None => {
+            assert!(thp_enabled(worker), "a fresh R worker {worker} may not have huge pages");
+            if madvise {
+                assert!(anon_huge_kb(worker) > 0, "no transparent huge pages in R process {worker}");
+            }
+        }
+        Some(parent) => {
+            for pid in [parent, worker] {
+                assert!(!thp_enabled(pid), "the preload parent or its fork {pid} may have huge pages");
+                assert_eq!(anon_huge_kb(pid), 0, "huge pages in the preload parent or its fork {pid}");
+            }
+        }
     }
     drop(valve);
 
-    let valve = Valve::start_with_env(&["-f", api.to_str().unwrap()], &[("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")]);
-    assert_eq!(tunables(&valve).await, "glibc.malloc.hugetlb=0", "the user's choice stands");
-    if madvise {
-        let pid = heap_pid(&valve);
-        assert_eq!(anon_huge_kb(pid), 0, "huge pages in R process {pid} though the user turned them off");
+    // The warm parent's forks (the default), and the warm parent itself.
+    let valve = Valve::start(&["-f", api.to_str().unwrap()]);
+    let worker = valve.workers()[0];
+    let parent = std::fs::read_to_string(format!("/proc/{worker}/stat")).unwrap();
+    let parent: u32 = parent.rsplit(')').next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert_ne!(parent, valve.pid(), "worker {worker} is a fork, not valve's child");
+    for pid in [parent, worker] {
+        assert!(!thp_enabled(pid), "the warm parent or its fork {pid} may have huge pages");
+        assert_eq!(anon_huge_kb(pid), 0, "huge pages in the warm parent or its fork {pid}");
     }
+    drop(valve);
+
+    let valve = Valve::start_with_env(
+        &["-f", api.to_str().unwrap(), "--warm-parent", "false"],
+        &[("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")],
+    );
+    assert_eq!(tunables(&valve).await, "glibc.malloc.hugetlb=0", "the user's choice stands");
+    let pid = valve.workers()[0];
+    assert_eq!(anon_huge_kb(pid), 0, "huge pages in R process {pid} though the user turned them off");
 }

@@ -213,7 +213,7 @@ impl Zygote {
         if let Some(t) = super::spawn::glibc_tunables(std::env::var("GLIBC_TUNABLES").ok().as_deref()) {
             cmd.env("GLIBC_TUNABLES", t);
         }
-        let cmd = Launchable::dying_with_valve(cmd)?;
+        let cmd = Launchable::dying_with_valve(cmd)?.parent_of_forks();
         let (mut child, own) = self.spawner.spawn(&self.recipe.r_bin, cmd).await?;
         let pid = child.id().ok_or_else(|| io::Error::other("the warm parent exited at once"))?;
         let stdin = child.stdin.take().ok_or_else(|| io::Error::other("no stdin for the warm parent"))?;
