@@ -95,10 +95,14 @@ pub fn wait_until(what: &str, deadline: Duration, mut cond: impl FnMut() -> bool
 
 pub fn pid_alive(pid: u32) -> bool {
     // A zombie still has a /proc entry; it is dead for our purposes.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !matches!(stat.rsplit(')').next().and_then(|s| s.split_whitespace().next()), Some("Z")),
-        Err(_) => false,
-    }
+    state_and_parent(pid).is_some_and(|(state, _)| state != "Z")
+}
+
+/// A process's state letter and parent pid, from /proc (None once it is reaped).
+pub fn state_and_parent(pid: u32) -> Option<(String, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = stat.rsplit(')').next()?.split_whitespace();
+    Some((fields.next()?.to_string(), fields.next()?.parse().ok()?))
 }
 
 /// The direct children of a process.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::harness::{client, example, fixture, pid_alive, wait_until, Valve};
+use crate::harness::{client, example, fixture, pid_alive, state_and_parent, wait_until, Valve};
 
 /// The live processes whose environment holds `needle` (`NAME=value`).
 pub(crate) fn processes_with_env(needle: &str) -> Vec<u32> {
@@ -237,8 +237,7 @@ async fn fresh_workers_ask_for_huge_pages_unless_the_user_said_otherwise_and_for
     // The warm parent's forks (the default), and the warm parent itself.
     let valve = Valve::start(&["-f", api.to_str().unwrap()]);
     let worker = valve.workers()[0];
-    let parent = std::fs::read_to_string(format!("/proc/{worker}/stat")).unwrap();
-    let parent: u32 = parent.rsplit(')').next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    let (_, parent) = state_and_parent(worker).unwrap();
     assert_ne!(parent, valve.pid(), "worker {worker} is a fork, not valve's child");
     for pid in [parent, worker] {
         assert!(!thp_enabled(pid), "the warm parent or its fork {pid} may have huge pages");

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use crate::harness::{children, client, fixture, pid_alive, wait_until, Valve};
+use crate::harness::{children, client, fixture, pid_alive, state_and_parent, wait_until, Valve};
 
 fn preload_api() -> String {
     fixture("preload.R").to_str().unwrap().to_string()
@@ -98,13 +98,6 @@ async fn no_fork_outlives_valve_even_after_sigkill() {
     valve.signal(libc::SIGTERM);
     assert_eq!(valve.wait_exit(Duration::from_secs(10)).code(), Some(0));
     wait_until("everything stopped on SIGTERM", Duration::from_secs(5), || all.iter().all(|p| !pid_alive(*p)));
-}
-
-/// A process's state letter and parent pid, from /proc (None once it is reaped).
-fn state_and_parent(pid: u32) -> Option<(String, u32)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let mut fields = stat.rsplit(')').next()?.split_whitespace();
-    Some((fields.next()?.to_string(), fields.next()?.parse().ok()?))
 }
 
 /// valve's children that are zombies: exited, never reaped.

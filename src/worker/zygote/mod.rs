@@ -210,9 +210,8 @@ impl Zygote {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        if let Some(t) = super::spawn::glibc_tunables(std::env::var("GLIBC_TUNABLES").ok().as_deref()) {
-            cmd.env("GLIBC_TUNABLES", t);
-        }
+        // No huge pages for it nor its forks (so no `glibc.malloc.hugetlb=1`
+        // added to its tunables, as a fresh worker's are): `parent_of_forks`.
         let cmd = Launchable::dying_with_valve(cmd)?.parent_of_forks();
         let (mut child, own) = self.spawner.spawn(&self.recipe.r_bin, cmd).await?;
         let pid = child.id().ok_or_else(|| io::Error::other("the warm parent exited at once"))?;
