@@ -79,6 +79,8 @@ pub struct Serving {
     pub admin_tls: bool,
     /// The plain-HTTP port that redirects to HTTPS, when there is one.
     pub http: Option<SocketAddr>,
+    /// Where the operator token of the admin pages is (never the token).
+    pub admin_token_file: std::path::PathBuf,
 }
 
 /// The listeners valve serves on, bound before any R starts.
@@ -175,12 +177,25 @@ pub async fn run(
         router.clone(),
         fleet.clone(),
         registry.clone(),
-        Starters { run_dir: run_dir.clone(), frames, zygotes },
+        Starters {
+            run_dir: run_dir.clone(),
+            frames,
+            zygotes,
+            builders: worker::builders::Builders::new(
+                run_dir.path(),
+                config.server.builder_uids.clone(),
+                config.server.packages.builds,
+            ),
+        },
         &config,
         addr.port(),
     );
     let reloader = Reloader::new(apps.clone(), source.clone(), config.clone());
-    let admin = Admin::new(router.clone(), fleet.clone(), registry.clone(), &config, shutdown.signalled.clone());
+    let auth = Arc::new(
+        admin::auth::Auth::start(&config.server.admin_access, &config.server.state_dir).map_err(RunError::Admin)?,
+    );
+    let admin_token = auth.token_file().to_path_buf();
+    let admin = Admin::new(router.clone(), fleet.clone(), registry.clone(), &config, shutdown.signalled.clone(), auth);
     admin.set_reloader(reloader.clone());
     // Publishing, when on: its API on the admin listener (and its own address, if asked).
     let tls = https::Https::start(config.server.tls.as_ref()).map_err(RunError::Tls)?;
@@ -288,7 +303,14 @@ pub async fn run(
             }
         }
     }
-    ready(&Serving { addr, admin: admin_addr, tls: tls.is_some(), admin_tls: admin_speaks.is_tls(), http: http_addr });
+    ready(&Serving {
+        addr,
+        admin: admin_addr,
+        tls: tls.is_some(),
+        admin_tls: admin_speaks.is_tls(),
+        http: http_addr,
+        admin_token_file: admin_token,
+    });
     if let Some(hup) = hup {
         reload_on_hangup(hup, reloader, tls.as_ref().map(|t| t.again.clone()), shutdown.drain.clone());
     }

@@ -164,6 +164,13 @@ fn subcommand(args: &Args, command: Command) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    let admin = match valve::admin::publish::cli::AdminAt::new(admin, &args.admin_token_path()) {
+        Ok(at) => at,
+        Err(e) => {
+            eprintln!("valve: error: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -278,6 +285,7 @@ fn announce(config: &Config, serving: &Serving) {
         "host": serving.addr.ip().to_string(),
         "port": serving.addr.port(),
         "admin_url": admin_url,
+        "admin_token_file": serving.admin_token_file,
         "workers": config.apps.iter().map(|a| a.n_min).sum::<usize>(),
         "max_workers": config.server.max_workers,
         "apps": apps,

@@ -406,11 +406,40 @@ def ready_info(out: Path) -> dict | None:
     for line in text.splitlines():
         if '"event":"ready"' in line:
             try:
-                return json.loads(line)
+                ready = json.loads(line)
             except ValueError:
                 return None
+            remember_admin(ready)
+            return ready
     m = _READY.search(text)
     return {"port": int(m.group(1)), "admin_url": None} if m else None
+
+
+# Each valve's admin port and its operator token: every admin page but
+# health and readiness asks for it (`Authorization: Bearer TOKEN`).
+_ADMIN_TOKENS: dict[int, str] = {}
+
+
+def remember_admin(ready: dict) -> None:
+    """Notes the operator token of the valve whose ready line this is, by its admin port."""
+    path = ready.get("admin_token_file")
+    if not path:
+        return
+    try:
+        token = Path(path).read_text().strip()
+    except OSError:
+        return
+    admin = ready.get("admin_url") or ready.get("url") or ""
+    try:
+        _ADMIN_TOKENS[int(admin.rsplit(":", 1)[1])] = token
+    except (IndexError, ValueError):
+        pass
+
+
+def admin_headers(port: int) -> dict[str, str]:
+    """The header valve's admin pages on `port` take (none if that valve said no token)."""
+    token = _ADMIN_TOKENS.get(port)
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def start_valve(procs: Procs, valve_bin: Path, name: str, n_max: int, n_min: int,

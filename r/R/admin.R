@@ -1,16 +1,22 @@
 # valve's own pages, read through a handle: /__valve__/status and the
 # Prometheus metrics, on valve's admin address (the main one unless valve has
-# a separate admin listener).
+# a separate admin listener). Every one of them asks who is calling: the
+# handle sends valve's operator token, read from the file valve's ready line
+# names (`admin_token_file`, in valve's state folder; never printed).
 
-http_get <- function(url, timeout = 10) {
+http_get <- function(url, timeout = 10, token_file = NULL) {
   h <- curl::new_handle(timeout = timeout, connecttimeout = timeout)
+  if (!is.null(token_file) && !is.na(token_file)) {
+    token <- trimws(paste(readLines(token_file, warn = FALSE), collapse = ""))
+    curl::handle_setheaders(h, Authorization = paste("Bearer", token))
+  }
   res <- curl::curl_fetch_memory(url, handle = h)
   list(status = res$status_code, body = rawToChar(res$content))
 }
 
-valve_get_status <- function(admin_url, timeout = 10) {
+valve_get_status <- function(admin_url, timeout = 10, token_file = NULL) {
   url <- paste0(admin_url, "/__valve__/status")
-  res <- http_get(url, timeout)
+  res <- http_get(url, timeout, token_file)
   if (res$status != 200L) {
     cli::cli_abort("valve answered {res$status} for {.url {url}}.", call = NULL)
   }
@@ -18,10 +24,10 @@ valve_get_status <- function(admin_url, timeout = 10) {
 }
 
 # The metrics as valve prints them (raw = TRUE), or one row per sample.
-valve_get_metrics <- function(admin_url, raw = FALSE, timeout = 10) {
+valve_get_metrics <- function(admin_url, raw = FALSE, timeout = 10, token_file = NULL) {
   res <- NULL
   for (path in c("/__valve__/metrics", "/metrics")) {
-    res <- http_get(paste0(admin_url, path), timeout)
+    res <- http_get(paste0(admin_url, path), timeout, token_file)
     if (res$status == 200L) break
   }
   if (res$status != 200L) {

@@ -28,6 +28,9 @@
 #'   * `admin_url`: where valve's own pages (`/__valve__/status`, metrics,
 #'     the dashboard) are served: `url` unless valve has a separate admin
 #'     listener;
+#'   * `admin_token_file`: the file holding valve's operator token, which
+#'     every admin page but health and readiness asks for (`status()` and
+#'     `metrics()` send it; the dashboard asks to sign in with it);
 #'   * `docs`: the plumber API's docs page (`NA` for a Shiny app);
 #'   * `port`, `pid` (valve's process id), `app` (the app's absolute path),
 #'     `kind` (`"plumber"` or `"shiny"`), `n_min`, `n_max`, `apps` (a data
@@ -107,6 +110,7 @@ valve_start <- function(app = NULL, host = NULL, port = 0, n_min = NULL,
 
 new_handle <- function(ready, p, log_file, binary, cleanup, graceful_timeout) {
   admin_url <- ready$admin_url
+  token_file <- ready$admin_token_file
   log_lines <- function(n = Inf) {
     lines <- cli::ansi_strip(read_lines(log_file))
     if (is.finite(n)) utils::tail(lines, n) else lines
@@ -122,8 +126,8 @@ new_handle <- function(ready, p, log_file, binary, cleanup, graceful_timeout) {
         process = p,
         run_dir = cleanup,
         graceful_timeout = graceful_timeout,
-        status = function() valve_get_status(admin_url),
-        metrics = function(raw = FALSE) valve_get_metrics(admin_url, raw),
+        status = function() valve_get_status(admin_url, token_file = token_file),
+        metrics = function(raw = FALSE) valve_get_metrics(admin_url, raw, token_file = token_file),
         log = log_lines,
         stop = function(timeout = NULL) valve_stop(self, timeout)
       )
@@ -251,6 +255,7 @@ parse_ready_line <- function(line) {
   list(
     url = ready$url,
     admin_url = or(ready$admin_url, ready$url),
+    admin_token_file = or(ready$admin_token_file, NA_character_),
     docs = first("docs", NA_character_),
     port = as.integer(ready$port),
     app = first("file", NA_character_),
@@ -320,7 +325,9 @@ graceful_timeout <- function(handle) {
     return(given)
   }
   reported <- tryCatch(
-    as.numeric(valve_get_status(handle$admin_url, timeout = 2)$config$graceful_timeout_s),
+    as.numeric(
+      valve_get_status(handle$admin_url, timeout = 2, token_file = handle$admin_token_file)$config$graceful_timeout_s
+    ),
     error = function(e) numeric()
   )
   if (length(reported) == 1 && !is.na(reported)) reported else 30

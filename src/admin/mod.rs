@@ -2,7 +2,10 @@
 //! metrics, JSON status, the site dashboard and each app's page, each app's
 //! log, and usage. Never forwarded to R, and none of them asks R anything
 //! (memory is what each worker's task sampled), so a long computation
-//! cannot fail a probe. This file routes; its rooms answer: `status` (the
+//! cannot fail a probe. Every page but health and readiness asks who is
+//! calling first (`auth`: the operator token, a key, a session, a listed
+//! user of the sign-in proxy); an operator sees everything, a publishing
+//! key its own apps. This file routes; its rooms answer: `status` (the
 //! JSON of valve, its apps and workers), `logs`, `usage`, and `query` (the
 //! parameters they take). Publishing (`publish/`) is a room of its own:
 //! the publishing API and valve's pages of published apps
@@ -18,6 +21,7 @@
 //! | `/usage`                      | sessions and requests by user (`usage`)     |
 //! | `/status`, `/metrics`, `/healthz`, `/readyz`, `/reload` | as before         |
 
+pub mod auth;
 pub mod publish;
 
 mod logs;
@@ -29,12 +33,16 @@ mod status;
 mod usage;
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use http::header::{HeaderValue, ALLOW};
-use http::{Method, Response, StatusCode};
+use http::header::{HeaderValue, ACCEPT, ALLOW, WWW_AUTHENTICATE};
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
 use tokio_util::sync::CancellationToken;
+
+use auth::{Auth, Shown, Who};
 
 use crate::app::Fleet;
 use crate::config::{valid_name, AccountKind, AppConfig, AppSource, Config, Isolation};
@@ -68,6 +76,8 @@ pub struct Admin {
     publisher: OnceLock<Arc<publish::Publisher>>,
     /// The package cache (`valve packages`).
     package_cache: std::path::PathBuf,
+    /// Who may use these pages.
+    auth: Arc<Auth>,
 }
 
 impl Admin {
@@ -77,6 +87,7 @@ impl Admin {
         registry: Arc<Registry>,
         config: &Config,
         stopping: CancellationToken,
+        auth: Arc<Auth>,
     ) -> Arc<Self> {
         let isolation = config.server.isolation;
         let config_packages = config.server.packages.cache_dir.clone();
@@ -120,6 +131,7 @@ impl Admin {
             reloader: OnceLock::new(),
             publisher: OnceLock::new(),
             package_cache: config_packages,
+            auth,
         })
     }
 
@@ -199,6 +211,98 @@ impl Admin {
         }
     }
 
+    /// A request for any of valve's pages where all are served: health and
+    /// readiness for anyone; the sign-in; everything else once the caller
+    /// is known (`auth`), a POST a session cookie carries only with its
+    /// CSRF token; an operator sees all, a publishing key its own apps.
+    pub async fn private(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        secure: bool,
+    ) -> Response<ReplyBody> {
+        let path = req.uri().path().to_string();
+        let method = req.method().clone();
+        let query = req.uri().query().map(str::to_string);
+        let page = path.strip_prefix(PREFIX).unwrap_or("");
+        if matches!(page, "/healthz" | "/readyz") {
+            return self.handle(&method, &path, query.as_deref(), true).await;
+        }
+        let publisher = self.publisher.get().cloned();
+        let keys = move |k: &str| publisher.as_ref().and_then(|p| p.key(k)).map(|c| (c.name, c.admin));
+        if path == auth::sign_in::PATH {
+            return match method {
+                Method::GET | Method::HEAD => auth::sign_in::page(StatusCode::OK, None),
+                Method::POST => auth::sign_in::sign_in(&self.auth, req, secure, &keys).await,
+                _ => not_allowed("GET or POST /__valve__/sign-in", "GET, POST"),
+            };
+        }
+        if path == auth::sign_in::SIGN_OUT && method == Method::POST {
+            return auth::sign_in::sign_out(&self.auth, req.headers(), secure);
+        }
+        let trust = self.router.current().trust.clone();
+        let Some((who, shown)) = self.auth.who(req.headers(), peer, &trust, &keys) else {
+            tracing::info!(target: "valve::admin", %peer, method = %method, path = %path, status = 401,
+                "an admin page was asked for without a credential valve takes");
+            return unauthorized(req.headers(), &method);
+        };
+        let safe = matches!(method, Method::GET | Method::HEAD | Method::OPTIONS);
+        if let Shown::Cookie { csrf } = &shown {
+            if !safe && !auth::csrf_ok(req.headers(), csrf) {
+                tracing::warn!(target: "valve::admin", %peer, who = %who.label(), method = %method, path = %path,
+                    status = 403, "a POST with the dashboard's cookie but not its CSRF token was refused (another site's page?)");
+                return error(
+                    StatusCode::FORBIDDEN,
+                    "this change came with the dashboard's cookie but not its token (X-Valve-CSRF): valve's own page sends it, another site's cannot",
+                );
+            }
+        }
+        if page == "/session" {
+            let csrf = match &shown {
+                Shown::Cookie { csrf } => Some(csrf.clone()),
+                Shown::Credential => None,
+            };
+            let body = serde_json::json!({ "who": who.label(), "operator": who.is_operator(), "csrf": csrf });
+            return text(StatusCode::OK, "application/json", body.to_string());
+        }
+        if path.starts_with(publish::PAGES) || path == publish::PAGES.trim_end_matches('/') {
+            return match self.publisher.get().cloned() {
+                Some(p) => p.pages(req, &who).await,
+                None => error(StatusCode::NOT_FOUND, "publishing is off here (no publish_dir)"),
+            };
+        }
+        if !who.is_operator() {
+            return self.as_publisher(&who, &method, page, query.as_deref());
+        }
+        self.handle(&method, &path, query.as_deref(), true).await
+    }
+
+    /// What a publishing key (not an admin key) may see here: the
+    /// dashboard, and the apps it published.
+    fn as_publisher(&self, who: &Who, method: &Method, page: &str, query: Option<&str>) -> Response<ReplyBody> {
+        let owner_of = |name: &str| self.publisher.get().and_then(|p| p.owner_of(name));
+        let mine = |name: &str| who.owns(owner_of(name).as_deref());
+        if method != Method::GET && method != Method::HEAD {
+            return error(StatusCode::FORBIDDEN, &format!("only an operator may do this ({} may not)", who.label()));
+        }
+        match page {
+            "" => redirect(&format!("{PREFIX}/")),
+            "/" => text(StatusCode::OK, "text/html; charset=utf-8", SITE),
+            "/apps" | "/apps/" => text(StatusCode::OK, "application/json", self.apps_of(&mine).to_string()),
+            _ => match page.strip_prefix("/apps/").map(|rest| rest.split_at(rest.find('/').unwrap_or(rest.len()))) {
+                Some((name, rest)) if mine(name) => self.app_page(name, rest, query),
+                Some((name, _)) => error(
+                    StatusCode::FORBIDDEN,
+                    &format!("{} may see only the apps it published; {name:?} is not one of them", who.label()),
+                ),
+                None => error(
+                    StatusCode::FORBIDDEN,
+                    &format!("only an operator may see this page ({} sees the apps it published)", who.label()),
+                ),
+            },
+        }
+    }
+
     /// `/__valve__/apps/NAME/...`: the app's page, status or log.
     fn app_page(&self, name: &str, rest: &str, query: Option<&str>) -> Response<ReplyBody> {
         let table = self.router.current();
@@ -246,6 +350,28 @@ impl Admin {
             }
         }
     }
+}
+
+/// 401: who is calling is unknown. A browser asking for a page gets the
+/// sign-in page; anything else a short JSON error saying what to send.
+fn unauthorized(headers: &http::HeaderMap, method: &Method) -> Response<ReplyBody> {
+    let html = headers.get(ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/html"));
+    let mut resp = if html && method == Method::GET {
+        auth::sign_in::page(StatusCode::UNAUTHORIZED, Some("Sign in to see valve's pages."))
+    } else {
+        error(
+            StatusCode::UNAUTHORIZED,
+            "valve's admin pages need a credential: `Authorization: Bearer TOKEN` (the operator token, admin.token in valve's state folder), `Authorization: Key KEY` (a publishing key), or a sign-in at /__valve__/sign-in",
+        )
+    };
+    resp.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"valve\", Key"));
+    resp
+}
+
+fn not_allowed(what: &str, allow: &'static str) -> Response<ReplyBody> {
+    let mut resp = error(StatusCode::METHOD_NOT_ALLOWED, &format!("use {what}"));
+    resp.headers_mut().insert(ALLOW, HeaderValue::from_static(allow));
+    resp
 }
 
 /// 404 for an app valve does not serve, naming a few it does.
@@ -324,6 +450,15 @@ impl Pages for Admin {
 
     fn listing(&self, table: &Table) -> Response<ReplyBody> {
         listing(table)
+    }
+
+    fn private(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        secure: bool,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response<ReplyBody>> + Send>> {
+        Box::pin(Admin::private(self, req, peer, secure))
     }
 }
 

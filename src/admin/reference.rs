@@ -13,7 +13,13 @@ fn the_reference_page_of_metrics_is_what_valve_serves() {
     let mut text = exercised_text();
     let summary = BTreeMap::from([(
         "app".to_string(),
-        Summary { version: Some(2), versions: vec![1, 2], activated: Some(1), activated_by: Some("alice".into()) },
+        Summary {
+            owner: None,
+            version: Some(2),
+            versions: vec![1, 2],
+            activated: Some(1),
+            activated_by: Some("alice".into()),
+        },
     )]);
     let deployments = BTreeMap::from([(("app".to_string(), true), 1), (("app".to_string(), false), 1)]);
     text.push_str(&published_metrics(&summary, &deployments));

@@ -58,12 +58,26 @@ impl Admin {
 
     /// `/__valve__/apps`: every app's row of the site dashboard.
     pub(super) fn apps(&self) -> serde_json::Value {
+        self.apps_of(&|_| true)
+    }
+
+    /// `/__valve__/apps` of the apps `visible` says (a publishing key's own).
+    pub(super) fn apps_of(&self, visible: &dyn Fn(&str) -> bool) -> serde_json::Value {
         let table = self.router.current();
-        let mut mounted: Vec<&Mounted> = table.apps().iter().map(|m| &**m).collect();
+        let mut mounted: Vec<&Mounted> =
+            table.apps().iter().map(|m| &**m).filter(|m| visible(&m.config.name)).collect();
         mounted.sort_by(|a, b| a.config.name.cmp(&b.config.name));
         let apps: Vec<serde_json::Value> = mounted.into_iter().map(|m| self.app(m, Detail::Summary).0).collect();
         let mut out = self.valve();
-        merge(&mut out, serde_json::json!({ "apps": apps, "not_served": self.not_served() }));
+        let not_served: Vec<serde_json::Value> = self
+            .not_served()
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["name"].as_str().is_some_and(visible))
+            .cloned()
+            .collect();
+        merge(&mut out, serde_json::json!({ "apps": apps, "not_served": not_served }));
         out
     }
 

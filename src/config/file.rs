@@ -183,6 +183,7 @@ impl<'a> Cx<'a> {
         let private = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
         let server = self.server(&apps, base, private, publish?)?;
         let mut said = Default::default();
+        let mut builders = Vec::new();
         if let Some(range) = self.uid_range() {
             let publish_dir = server.publish.as_ref().map(|p| p.dir.as_path());
             let store = Store::of_site(&server.state_dir, publish_dir, !self.args.check);
@@ -190,8 +191,9 @@ impl<'a> Cx<'a> {
                 dir: server.publish.as_ref().map(|p| p.dir.as_path()),
                 checked: self.candidate.filter(|c| c.checked).map(|c| c.app.as_str()),
             };
-            let settled = settle(&mut apps, &self.args.kernel, range, &store, published);
+            let settled = settle(&mut apps, &self.args.kernel, range, &store, published, server.packages.builds);
             said = settled.said;
+            builders = settled.builders;
             for (i, why) in settled.unfit {
                 // The app's own run_as, else the top level's; a folder problem at the app's table
                 // (a published app has none: said without a place).
@@ -224,6 +226,8 @@ impl<'a> Cx<'a> {
                 None => self.nowhere(message),
             }
         }
+        let mut server = server;
+        server.builder_uids = builders;
         Some(Config { server, apps, notes: Vec::new(), uids: said })
     }
 

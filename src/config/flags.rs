@@ -140,6 +140,21 @@ pub struct Args {
     #[arg(long = "admin-on-main", env = "VALVE_ADMIN_ON_MAIN")]
     pub admin_on_main: bool,
 
+    /// The operator token valve's admin pages take (`Authorization: Bearer TOKEN`: valve's own
+    /// subcommands, the R package, a Prometheus scrape), read from FILE (owner-only, at least 20
+    /// characters). Unset: valve makes one at start, admin.token in --state-dir (mode 0600).
+    #[arg(long = "admin-token-file", env = "VALVE_ADMIN_TOKEN_FILE", value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
+
+    /// Users a trusted sign-in proxy names (--trusted-proxies) who may use valve's admin pages as
+    /// operators, comma-separated. Unset: nobody by the proxy's word alone.
+    #[arg(long = "admin-users", env = "VALVE_ADMIN_USERS", default_value = "", value_name = "USER,...")]
+    pub admin_users: String,
+
+    /// Groups (in the proxy's groups header) whose users may use valve's admin pages as operators.
+    #[arg(long = "admin-groups", env = "VALVE_ADMIN_GROUPS", default_value = "", value_name = "GROUP,...")]
+    pub admin_groups: String,
+
     /// Turn off the access log (one line per request).
     #[arg(long = "no-access-log", env = "VALVE_NO_ACCESS_LOG")]
     pub no_access_log: bool,
@@ -486,6 +501,12 @@ impl Args {
         Ok(args)
     }
 
+    /// Where the operator token of a running valve is: `--admin-token-file`,
+    /// else `admin.token` in the state folder (`--state-dir`, or its default).
+    pub fn admin_token_path(&self) -> PathBuf {
+        self.admin_token_file.clone().unwrap_or_else(|| self.state_dir().join("admin.token"))
+    }
+
     /// The admin URL a subcommand talks to: `--admin`, else `--admin-addr`
     /// when it names a port.
     pub fn admin_url_for(&self, given: Option<&str>) -> Result<String, String> {
@@ -505,6 +526,7 @@ mod packages;
 mod tls;
 mod values;
 
+pub(super) use build::split_list;
 pub use packages::PackageFlags;
 pub(super) use packages::{cache_dir_problem, parse_repositories, repository_url, REPOSITORY_EXAMPLE};
 pub use tls::TlsFlags;

@@ -54,14 +54,15 @@ pub use error::{parse_seconds, parse_size, usage_log_is_folder, ConfigError};
 pub use flags::{Args, Command, PackageFlags};
 pub use isolation::{Isolation, IsolationSetting, LandlockCoverage};
 pub use model::{
-    is_admin_path, normal_prefix, valid_name, AppConfig, Config, PackageSettings, Server, Transport, ADMIN_PREFIX,
+    is_admin_path, normal_prefix, valid_name, AdminAccess, AppConfig, Config, PackageSettings, Server, Transport,
+    ADMIN_PREFIX,
 };
 pub use otel::Otlp;
 pub use problems::{Problem, Problems};
 pub use rmd::{is_output_of_a_document, Runtime};
 pub use source::{LoadError, Source};
 pub use table::{summary, table};
-pub use uid_store::UidNotes;
+pub use uid_store::{Store as UidStore, UidNotes};
 pub use users::{blocked_ancestor, Account, AccountKind, Kernel, RunAs, DEFAULT_UID_RANGE};
 
 /// The machine's name (a pod's, under Kubernetes): which of a site's valves

@@ -135,8 +135,13 @@ pub struct Server {
     /// What valve can give apps (own users, a private view), from what it
     /// runs as and what the kernel allows.
     pub isolation: Isolation,
+    /// Who may use valve's admin pages besides its operator token and admin keys.
+    pub admin_access: AdminAccess,
     /// valve's own uid, for messages.
     pub valve_uid: u32,
+    /// The package builders' uids, one per build slot (as root; else none:
+    /// builds run as valve's user under Landlock).
+    pub builder_uids: Vec<u32>,
     /// Files and folders of valve's own that no app sees (the config file,
     /// the site folder, the state directory).
     pub private_paths: Vec<PathBuf>,
@@ -155,6 +160,17 @@ pub struct Server {
     pub packages: PackageSettings,
     /// HTTPS, when on.
     pub tls: Option<super::tls::Tls>,
+}
+
+/// Who may use valve's admin pages (every one of them but health and
+/// readiness asks who is calling): the operator token (`token_file`, else
+/// one valve makes at start), admin publish keys, and the users and groups
+/// a trusted sign-in proxy names that are listed here.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AdminAccess {
+    pub token_file: Option<PathBuf>,
+    pub users: Vec<String>,
+    pub groups: Vec<String>,
 }
 
 /// How apps' packages are restored: the shared cache, the repositories,
@@ -248,6 +264,9 @@ pub struct AppConfig {
     /// The most bytes of the app's log (its R output and valve's lines
     /// about it) kept in memory; 0: none. A reload applies it at once.
     pub log_buffer: u64,
+    /// A published app's record (its guid): its private home is this
+    /// record's, so a name published anew gets an empty one.
+    pub instance: Option<String>,
 }
 
 impl AppConfig {

@@ -26,6 +26,14 @@ pub enum Unfit {
 pub struct Settled {
     pub unfit: Vec<(Option<usize>, Unfit)>,
     pub said: UidNotes,
+    /// The package builders' uids (as root: one per build slot), in the uid table as `.builder-N`.
+    pub builders: Vec<u32>,
+}
+
+/// The uid table's name of package build slot `n` (from 1): no app's name
+/// starts with a dot, so none can take it.
+pub fn builder_name(n: usize) -> String {
+    format!(".builder-{n}")
 }
 
 /// Which published apps' folders `settle` checks. valve itself gives each
@@ -46,19 +54,23 @@ impl PublishedCheck<'_> {
     }
 }
 
-/// Resolves each app's account in place, its own uid from the table in `store`.
+/// Resolves each app's account in place, its own uid from the table in
+/// `store`, and (as root) gives each of `builders` build slots a uid.
 pub fn settle(
     apps: &mut [AppConfig],
     kernel: &Kernel,
     range: (u32, u32),
     store: &Store,
     published: PublishedCheck<'_>,
+    builders: usize,
 ) -> Settled {
     let mut settled = Settled::default();
     let mut own_uids = std::collections::BTreeMap::new();
     if kernel.switch_users {
         let names: Vec<&str> = apps.iter().map(|a| a.name.as_str()).collect();
-        let own: Vec<&str> = apps.iter().filter(|a| a.run_as == RunAs::Own).map(|a| a.name.as_str()).collect();
+        let mut own: Vec<&str> = apps.iter().filter(|a| a.run_as == RunAs::Own).map(|a| a.name.as_str()).collect();
+        let builder_names: Vec<String> = (1..=builders).map(builder_name).collect();
+        own.extend(builder_names.iter().map(String::as_str));
         // A uid a configured run_as names, or a user of this machine, is nobody's own.
         let named: Vec<u32> = apps.iter().filter_map(|a| users::named_uid(&a.run_as)).collect();
         let taken = |uid: u32| uid == kernel.uid || named.contains(&uid) || users::known_uid(uid);
@@ -68,6 +80,7 @@ pub fn settle(
                     let i = apps.iter().position(|a| a.name == name);
                     settled.unfit.push((i, Unfit::Uid(why)));
                 }
+                settled.builders = builder_names.iter().filter_map(|n| assigned.uids.get(n)).copied().collect();
                 own_uids = assigned.uids;
                 settled.said = assigned.said;
             }

@@ -45,6 +45,14 @@ pub struct Assigned {
     pub said: UidNotes,
 }
 
+/// A name of the table as messages say it: an app, or a package builder.
+fn who(name: &str) -> String {
+    match name.strip_prefix(".builder-") {
+        Some(n) => format!("package builder {n}"),
+        None => format!("app `{name}`"),
+    }
+}
+
 impl Store {
     /// The table of a site: in `publish_dir` if publishing is on, else in `state_dir`.
     pub fn of_site(state_dir: &Path, publish_dir: Option<&Path>, record: bool) -> Store {
@@ -138,7 +146,8 @@ impl Store {
                 (
                     name.clone(),
                     format!(
-                        "app `{name}`: no uid of uid_range {lo}-{hi} is free for it (each is an app's in {} or a user's of this machine): widen uid_range, or set run_as for this app",
+                        "{}: no uid of uid_range {lo}-{hi} is free for it (each is an app's in {} or a user's of this machine): widen uid_range, or set run_as for this app",
+                        who(name),
                         path.display()
                     ),
                 )
@@ -161,16 +170,32 @@ impl Store {
             }
         }
         for (name, uid) in &given.new {
+            let who = who(name);
             said.notes.push(match (self.record, provisional) {
-                (true, _) => format!("app `{name}` is given uid {uid}, recorded in {where_}: it keeps it from now on"),
-                (false, false) => format!("app `{name}` is new: valve would give it uid {uid} at start (--check writes nothing)"),
-                (false, true) => format!("app `{name}` is new: valve gives it a free uid of uid_range at start, picked with a key made then (uid {uid} shown is an example; --check writes nothing)"),
+                (true, _) => format!("{who} is given uid {uid}, recorded in {where_}: it keeps it from now on"),
+                (false, false) => format!("{who} is new: valve would give it uid {uid} at start (--check writes nothing)"),
+                (false, true) => format!("{who} is new: valve gives it a free uid of uid_range at start, picked with a key made then (uid {uid} shown is an example; --check writes nothing)"),
             });
         }
         if self.record && refused.is_empty() && (!given.new.is_empty() || (seeded && !table.is_empty())) {
             self.write_table(&path, &table)?;
         }
         Ok(Assigned { uids: given.uids, refused, said })
+    }
+
+    /// Retires `name`'s uid, if the table gives it one: the entry is kept
+    /// under a name no app can have (`~NAME@UNIX-TIME`), so the uid is never
+    /// given again and `name`, published anew, gets a fresh one. The uid it
+    /// had, if any.
+    pub fn retire(&self, name: &str) -> Result<Option<u32>, String> {
+        let _turn = self.lock()?;
+        let path = self.table_path();
+        let Some(mut table) = self.read_table(&path)? else { return Ok(None) };
+        let Some(uid) = table.remove(name) else { return Ok(None) };
+        let when = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        table.insert(format!("~{name}@{when}"), uid);
+        self.write_table(&path, &table)?;
+        Ok(Some(uid))
     }
 
     /// The table, or `None` when there is none yet.

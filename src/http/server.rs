@@ -48,6 +48,16 @@ pub trait Pages: Send + Sync {
     ) -> Pin<Box<dyn Future<Output = Response<ReplyBody>> + Send + 'a>>;
     /// `--site`'s page at `/` when no app is mounted there.
     fn listing(&self, table: &Table) -> Response<ReplyBody>;
+    /// Answers a request for any of valve's own pages where they are all
+    /// served (the admin listener, or the main port with `admin_on_main`):
+    /// the admin module decides who calls (`peer`, over TLS or not) before
+    /// what is asked.
+    fn private(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        secure: bool,
+    ) -> Pin<Box<dyn Future<Output = Response<ReplyBody>> + Send>>;
 }
 
 /// Publishing's calls: the publishing API (`/__api__/`) and, on the admin
@@ -132,7 +142,7 @@ impl Front {
         let http2 = req.version() == http::Version::HTTP_2;
         let mut req = req;
         let tunnel = http2 && h2_websocket(&mut req);
-        let mut resp = self.answer(req, peer).await;
+        let mut resp = self.answer(req, peer, secure).await;
         if tunnel && resp.status() == StatusCode::SWITCHING_PROTOCOLS {
             // RFC 8441: an HTTP/2 WebSocket is accepted with 200, no upgrade headers.
             *resp.status_mut() = StatusCode::OK;
@@ -149,12 +159,15 @@ impl Front {
         Ok(resp)
     }
 
-    async fn answer(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<ReplyBody> {
+    async fn answer(&self, mut req: Request<Incoming>, peer: SocketAddr, secure: bool) -> Response<ReplyBody> {
         if resume::wants_script(req.uri().path()) && matches!(*req.method(), Method::GET | Method::HEAD) {
             return reconnect_script();
         }
         if is_admin_path(req.uri().path()) {
-            return self.admin.handle(req.method(), req.uri().path(), req.uri().query(), self.admin_on_main).await;
+            if self.admin_on_main {
+                return self.admin.clone().private(req, peer, secure).await;
+            }
+            return self.admin.handle(req.method(), req.uri().path(), req.uri().query(), false).await;
         }
         let table = self.router.current();
         let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).or_else(|| req.uri().host());
@@ -426,13 +439,13 @@ pub fn serve_admin(
     limits: ClientLimits,
     publish: Option<Arc<dyn Publish>>,
 ) {
-    serve_private(listener, speaks, limits, "admin", move |req| {
+    serve_private(listener, speaks, limits, "admin", move |req, peer, secure| {
         let (admin, publish) = (admin.clone(), publish.clone());
         Box::pin(async move {
             let path = req.uri().path();
             match publish {
                 Some(p) if p.wants(path, true) => p.handle(req, true).await,
-                _ if is_admin_path(path) => admin.handle(req.method(), path, req.uri().query(), true).await,
+                _ if is_admin_path(path) => admin.private(req, peer, secure).await,
                 _ => error(StatusCode::NOT_FOUND, "the admin listener serves /__valve__/ only"),
             }
         })
@@ -441,7 +454,7 @@ pub fn serve_admin(
 
 /// Serves the publishing API alone on an address of its own (`--publish-addr`).
 pub fn serve_publish(listener: TcpListener, speaks: Speaks, publish: Arc<dyn Publish>, limits: ClientLimits) {
-    serve_private(listener, speaks, limits, "publish", move |req| {
+    serve_private(listener, speaks, limits, "publish", move |req, _, _| {
         let publish = publish.clone();
         Box::pin(async move {
             if publish.wants(req.uri().path(), false) {
@@ -463,7 +476,7 @@ fn serve_private(
     speaks: Speaks,
     limits: ClientLimits,
     name: &'static str,
-    answer: impl Fn(Request<Incoming>) -> Answering + Send + Sync + 'static,
+    answer: impl Fn(Request<Incoming>, SocketAddr, bool) -> Answering + Send + Sync + 'static,
 ) {
     let answer = Arc::new(answer);
     let slots = Arc::new(tokio::sync::Semaphore::new(ADMIN_CONNECTIONS));
@@ -483,9 +496,10 @@ fn serve_private(
             };
             let _ = stream.set_nodelay(true);
             let answer = answer.clone();
+            let secure = speaks.is_tls();
             let service = service_fn(move |req: Request<Incoming>| {
                 let answer = answer.clone();
-                async move { Ok::<_, Infallible>(answer(req).await) }
+                async move { Ok::<_, Infallible>(answer(req, peer, secure).await) }
             });
             let speaks = speaks.clone();
             tokio::spawn(async move {

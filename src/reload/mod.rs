@@ -63,6 +63,8 @@ pub enum RunError {
     Packages(String),
     #[error("HTTPS: {0}")]
     Tls(String),
+    #[error("the admin pages: {0}")]
+    Admin(String),
 }
 
 /// How long the previous generation of a changed app keeps the Shiny
@@ -99,6 +101,8 @@ pub struct Starters {
     pub frames: Option<Arc<FrameHub>>,
     /// The warm parents apps' workers fork from (none with `warm_parent = false`).
     pub zygotes: Option<Arc<Zygotes>>,
+    /// Who fetches and builds apps' packages (never the apps).
+    pub builders: Arc<crate::worker::builders::Builders>,
 }
 
 /// Every app and its generations.

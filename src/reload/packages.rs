@@ -45,7 +45,8 @@ impl Apps {
         // Made before the app's sandbox, which shows it.
         let _ = restore::cache::Cache::open(&config.server.packages.cache_dir);
         let (spec, _) = self.spec(app, site).map_err(|e| e.to_string())?;
-        let got = restore::restore(&app.folder(), &spec, &config.server.packages, say).await;
+        let via = crate::worker::builders::Builds { builders: &self.starters.builders, site };
+        let got = restore::restore(&app.folder(), &spec, via, &config.server.packages, say).await;
         if let Err(e) = &got {
             tracing::error!(app = %app.name, error = %e, "the app's packages could not be restored: it does not start");
         }

@@ -1,33 +1,25 @@
-//! One package built once: as the app (its user, sandbox, memory limit),
-//! within `package_build_timeout`, at most `package_builds` at once, two
-//! restores that need the same one at once building it once; then copied
-//! into the cache and renamed into place whole. And the links of an app
+//! One package built once: by a builder (never the app: no app's code,
+//! profile or folder reaches a build), within `package_build_timeout`, at
+//! most `package_builds` at once, two restores that need the same one at
+//! once building it once; then copied into the cache (only what the
+//! builder made) and renamed into place whole. And the links of an app
 //! library and of the runtime library (what valve's launcher needs).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
-
-use tokio::sync::Semaphore;
 
 use super::cache::{self, Cache, Entry, From};
 use super::lock::Wanted;
 use super::say::Say;
 use super::source::Tarball;
 use crate::config::PackageSettings;
-use crate::worker::packages::{self, BuildDir};
+use crate::worker::builders::Builds;
 use crate::worker::rtools::RFacts;
-use crate::worker::Spec;
 
 /// What valve's launcher loads itself, whatever the app: found in the
 /// server's libraries, after the app's own (whose versions win).
 const RUNTIME: &[&str] = &["later", "httpuv", "jsonlite", "promises"];
-
-/// The builds running at once, across every restore.
-fn slots(n: usize) -> Arc<Semaphore> {
-    static SLOTS: OnceLock<Arc<Semaphore>> = OnceLock::new();
-    SLOTS.get_or_init(|| Arc::new(Semaphore::new(n.max(1)))).clone()
-}
 
 /// One lock per cache entry: a second restore that needs it waits for the first's build.
 fn entry_lock(path: &Path) -> Arc<tokio::sync::Mutex<()>> {
@@ -42,14 +34,15 @@ fn entry_lock(path: &Path) -> Arc<tokio::sync::Mutex<()>> {
 }
 
 /// The package `w` (from tarball `t`) in the cache: there already, or
-/// built now with what it needs in `library`.
+/// built now by a builder with what it needs in `library`.
 #[allow(clippy::too_many_arguments)]
 pub async fn ensure(
     cache: &Cache,
     rkey: &str,
     w: &Wanted,
     t: &Tarball,
-    spec: &Spec,
+    builds: Builds<'_>,
+    r_bin: &Path,
     library: &Path,
     settings: &PackageSettings,
     say: Say<'_>,
@@ -65,10 +58,6 @@ pub async fn ensure(
     if installed.is_dir() {
         return Ok(entry(From::Cache));
     }
-    let slots = slots(settings.builds);
-    let _slot = slots.acquire().await.map_err(|e| e.to_string())?;
-    say(format!("{} {}: building from source", w.name, w.version));
-    let started = Instant::now();
     let fail = |why: String, tail: &[String]| {
         let mut msg = format!("{} {} failed to build: {why}", w.name, w.version);
         if !tail.is_empty() {
@@ -79,15 +68,16 @@ pub async fn ensure(
         }
         msg
     };
-    let build = BuildDir::new(spec, &cache.tmp()).map_err(|e| fail(format!("no build folder: {e}"), &[]))?;
-    packages::install(spec, &t.path, &build, library, settings.build_timeout)
-        .await
-        .map_err(|(why, tail)| fail(why, &tail))?;
+    let builder = builds.take().await.map_err(|e| fail(format!("no builder: {e}"), &[]))?;
+    say(format!("{} {}: building from source", w.name, w.version));
+    let started = Instant::now();
+    let build = builder.scratch(&cache.tmp(), Some(library)).map_err(|e| fail(format!("no build folder: {e}"), &[]))?;
+    build.install(r_bin, &t.path, library, settings.build_timeout).await.map_err(|(why, tail)| fail(why, &tail))?;
     let staged = cache.fresh(&format!("built-{}", w.name));
-    let (name, uid) = (w.name.clone(), build.uid());
+    let (name, uid) = (w.name.clone(), build.owner());
     let copied = {
         let staged = staged.clone();
-        let out = build.open().and_then(|fd| crate::worker::sandbox::safe::open_at(&fd, "lib"));
+        let out = build.lib_handle();
         tokio::task::spawn_blocking(move || -> std::io::Result<u64> {
             std::fs::create_dir(&staged)?;
             super::copy::copy_out(std::os::fd::AsFd::as_fd(&out?), &name, &staged.join(&name), uid)
@@ -97,6 +87,7 @@ pub async fn ensure(
         .and_then(|r| r.map_err(|e| e.to_string()))
     };
     drop(build);
+    drop(builder);
     if let Err(e) = copied {
         let _ = std::fs::remove_dir_all(&staged);
         return Err(fail(format!("its installed files could not be taken into the cache: {e}"), &[]));

@@ -1,8 +1,9 @@
-//! Copies a package a build installed (in a folder the app's user owns and
+//! Copies a package a build installed (in a folder the builder owns and
 //! could change while valve reads it) into the cache, valve's own: every
 //! entry opened through its folder's handle, never following a link; only
-//! regular files the build's user (or valve) owns, with one name, are
-//! copied, so no link or hard link can make valve read what the app could not.
+//! regular files and folders the builder owns, files with one name, are
+//! copied, so no link or hard link can make valve read what the builder
+//! could not, and nothing of anyone else's enters the cache.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -17,7 +18,7 @@ const MAX_DEPTH: usize = 32;
 const MAX_ENTRIES: usize = 200_000;
 
 /// Copies `name` in the folder `parent` to `dest` (which must not exist),
-/// trusting files owned by `uid` or valve. Returns the bytes copied.
+/// trusting only what `uid` (the builder) owns. Returns the bytes copied.
 pub fn copy_out(parent: BorrowedFd<'_>, name: &str, dest: &Path, uid: u32) -> io::Result<u64> {
     let mut budget = MAX_ENTRIES;
     copy_at(parent, name, dest, uid, 0, &mut budget)
@@ -31,10 +32,9 @@ fn copy_at(
     depth: usize,
     budget: &mut usize,
 ) -> io::Result<u64> {
-    let me = rustix::process::geteuid().as_raw();
     let st = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)?;
     *budget = budget.checked_sub(1).ok_or_else(|| io::Error::other(format!("more than {MAX_ENTRIES} entries")))?;
-    if st.st_uid != uid && st.st_uid != me {
+    if st.st_uid != uid {
         return Err(io::Error::other(format!("{name} is owned by uid {}, not the build's", st.st_uid)));
     }
     match FileType::from_raw_mode(st.st_mode) {
@@ -66,7 +66,7 @@ fn copy_at(
             let fd: OwnedFd =
                 rustix::fs::openat(parent, name, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
             let st = rustix::fs::fstat(&fd)?;
-            if st.st_nlink != 1 || (st.st_uid != uid && st.st_uid != me) {
+            if st.st_nlink != 1 || st.st_uid != uid {
                 return Err(io::Error::other(format!("{name} has {} names or another owner", st.st_nlink)));
             }
             let mode = if st.st_mode & 0o111 != 0 { 0o755 } else { 0o644 };

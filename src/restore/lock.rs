@@ -2,11 +2,14 @@
 //! `manifest.json` (rsconnect: each name with its `Source`, `Repository`
 //! and whole `description`) or of an `renv.lock` (each `Package`,
 //! `Version`, `Source`, `Repository`, with the lockfile's repositories).
-//! Pure: text in, a list out.
+//! Pure: text in, a list out. Every name and version is checked here
+//! (`names`), before anything can use it as a path or in a URL: what a
+//! publisher or an app wrote is refused naming the entry and the file.
 
 use std::path::Path;
 
 use super::dcf::BASE;
+use super::names::{check_package, check_version};
 
 /// Where a package comes from, as the client said it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,14 +86,22 @@ pub fn manifest(text: &str) -> Result<Vec<Wanted>, String> {
     let Some(packages) = doc.get("packages").and_then(|p| p.as_object()) else { return Ok(Vec::new()) };
     let mut out = Vec::new();
     for (name, p) in packages {
+        check_package(name)?;
         if BASE.contains(&name.as_str()) {
             continue;
         }
         let desc = &p["description"];
         let text = |v: &serde_json::Value| v.as_str().map(str::to_string);
+        if let Some(said) = text(&desc["Package"]).filter(|said| said != name) {
+            return Err(format!(
+                "the entry {name} describes the package {} (its description's Package): they must be the same",
+                super::names::shown(&said)
+            ));
+        }
         let version = text(&desc["Version"])
             .or_else(|| text(&p["Version"]))
             .ok_or_else(|| format!("the package {name} has no Version in its description"))?;
+        check_version(name, &version)?;
         let source = text(&p["Source"]).unwrap_or_default();
         let url = text(&p["Repository"]).filter(|u| !u.is_empty());
         let origin = match source.to_ascii_lowercase().as_str() {
@@ -112,6 +123,9 @@ pub fn manifest(text: &str) -> Result<Vec<Wanted>, String> {
                 d.iter().filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string()))).collect();
             super::dcf::needs(&fields)
         });
+        for need in needs.iter().flatten() {
+            check_package(need).map_err(|e| format!("what {name} needs: {e}"))?;
+        }
         out.push(Wanted { name: name.clone(), version, origin, needs });
     }
     Ok(out)
@@ -133,11 +147,19 @@ pub fn renv(text: &str) -> Result<Vec<Wanted>, String> {
     };
     let mut out = Vec::new();
     for (key, p) in packages {
+        check_package(key)?;
         let name = p["Package"].as_str().unwrap_or(key).to_string();
+        if name != *key {
+            return Err(format!(
+                "the entry {key} names the package {} (its Package): they must be the same",
+                super::names::shown(&name)
+            ));
+        }
         if BASE.contains(&name.as_str()) {
             continue;
         }
         let version = p["Version"].as_str().ok_or_else(|| format!("the package {name} has no Version"))?.to_string();
+        check_version(&name, &version)?;
         let source = p["Source"].as_str().unwrap_or("").to_string();
         let origin = match source.to_ascii_lowercase().as_str() {
             "repository" | "cran" => {

@@ -4,9 +4,11 @@
 //!
 //! `lock` reads what is named, `plan` decides (R's own library holds it,
 //! a repository has it, or what to do) and orders the builds, `source`
-//! fetches tarballs (R's downloader) and reads their DESCRIPTION, `build`
-//! builds one as the app would run (its user, sandbox, memory and time
-//! limits) and moves it into the `cache`, `copy` without following a link.
+//! fetches tarballs (R's downloader, as a builder) and checks them before
+//! keeping them, `build` builds one as a builder (`worker::builders`: never
+//! the app, never valve) and moves it into the `cache`, `copy` without
+//! following a link. `names` checks every name and version before it is
+//! used as a path or in a URL.
 //! An app library is keyed on the lockfile's bytes, R and the repository
 //! settings: a redeploy with the same packages finds it whole and builds
 //! nothing; a built package is keyed on its tarball's content, so one
@@ -19,6 +21,7 @@ pub mod counts;
 pub mod dcf;
 pub mod lock;
 pub mod manage;
+pub mod names;
 pub mod plan;
 mod say;
 mod source;
@@ -27,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::PackageSettings;
+use crate::worker::builders::Builds;
 use crate::worker::rtools::{self, RFacts};
 use crate::worker::Spec;
 use cache::{sha256_hex, Cache, Entry, From, Summary};
@@ -79,11 +83,12 @@ fn held(facts: &RFacts, name: &str, version: &str) -> Option<PathBuf> {
 pub async fn restore(
     folder: &Path,
     spec: &Spec,
+    via: Builds<'_>,
     settings: &PackageSettings,
     say: Say<'_>,
 ) -> Result<Option<Library>, String> {
     let _shared = manage::GATE.read().await;
-    let got = assemble(folder, spec, settings, say).await;
+    let got = assemble(folder, spec, via, settings, say).await;
     match &got {
         Ok(Some(lib)) => {
             counts::restore_ended(true, lib.whole);
@@ -106,6 +111,7 @@ pub async fn restore(
 async fn assemble(
     folder: &Path,
     spec: &Spec,
+    via: Builds<'_>,
     settings: &PackageSettings,
     say: Say<'_>,
 ) -> Result<Option<Library>, String> {
@@ -175,7 +181,7 @@ async fn assemble(
     if !to_fetch.is_empty() {
         say(format!("Fetching {} source packages", to_fetch.len()));
     }
-    let tarballs = source::fetch_all(&cache, &spec.r_bin, &to_fetch).await?;
+    let tarballs = source::fetch_all(&cache, via, &spec.r_bin, &to_fetch).await?;
     let mut builds = Vec::new();
     for ((w, _), t) in to_fetch.iter().zip(tarballs) {
         match t {
@@ -219,7 +225,7 @@ async fn assemble(
                 let (w, t) = builds.iter().find(|(w, _)| &w.name == name).cloned().expect("in the wave's list");
                 let (cache, rkey, partial) = (&cache, &rkey, &partial);
                 async move {
-                    let got = build::ensure(cache, rkey, &w, &t, spec, partial, settings, say).await;
+                    let got = build::ensure(cache, rkey, &w, &t, via, &spec.r_bin, partial, settings, say).await;
                     if let Ok(e) = &got {
                         say(e.said());
                     }

@@ -15,6 +15,27 @@ pub struct Repositories {
 }
 
 impl Repositories {
+    /// Every repository URL a client gave in `lock` that valve would use
+    /// (none the administrator maps over) is one a client may name: refused
+    /// at upload, naming the entry, before anything is fetched.
+    pub fn check_client_urls(&self, lock: &super::lock::Lock) -> Result<(), String> {
+        for w in &lock.packages {
+            let Origin::Repository { name, url: Some(u) } = &w.origin else { continue };
+            if self.mapped.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)) || self.only_mapped {
+                continue;
+            }
+            if let Some(why) = super::names::repository_problem(u) {
+                return Err(format!(
+                    "{}: the package {} comes from the repository {name} at {}, which is refused: {why}",
+                    lock.file,
+                    w.name,
+                    super::names::shown(u)
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The URL of the repository a package comes from, or why there is none.
     pub fn url_for(&self, w: &Wanted) -> Result<String, String> {
         let what = format!("{} {}", w.name, w.version);
@@ -23,7 +44,13 @@ impl Repositories {
                 let mapped = self.mapped.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, u)| u.clone());
                 match (mapped, url) {
                     (Some(u), _) => Ok(u),
-                    (None, Some(u)) if !self.only_mapped => Ok(u.clone()),
+                    (None, Some(u)) if !self.only_mapped => match super::names::repository_problem(u) {
+                        None => Ok(u.clone()),
+                        Some(why) => Err(format!(
+                            "{what} comes from the repository {name} at {}, which is refused: {why}",
+                            super::names::shown(u)
+                        )),
+                    },
                     (None, Some(u)) => Err(format!(
                         "{what} comes from the repository {name} ({u}), which [repositories] does not map and repositories_only forbids: map {name} to a URL this server may use"
                     )),

@@ -188,6 +188,11 @@ impl Fork {
         Ok((fifo, fork))
     }
 
+    /// Whether the fork opened its FIFO (it began to run as the app's worker).
+    pub(super) fn opened(&self) -> bool {
+        self.reports.opened.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Where the fork's own words before its FIFO is open go (a warm
     /// parent's fork says them on the parent's output).
     pub(super) fn reports(&self) -> &Arc<Reports> {

@@ -203,6 +203,11 @@ impl WarmFork {
                 ),
                 true,
             )),
+            // Gone before it could say a word on its own output (a crash in
+            // its first steps): this worker starts as a fresh R, at once.
+            StartError::Exited { .. } if !self.fork.opened() => {
+                Some(("the fork ended before it started (its last words are in the app's log)".into(), false))
+            }
             _ => None,
         }
     }

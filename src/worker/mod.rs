@@ -23,6 +23,7 @@
 //! an app's R finds: a published bundle's check), `fork` (`--preload`), `launcher`
 //! (`RLauncher`), `watch` (a serving worker's exit, stops and samples).
 
+pub mod builders;
 mod conn;
 mod fork;
 mod frames;

@@ -3,19 +3,15 @@
 //! R, environment, working directory and `.Rprofile`, so an renv library is
 //! seen as the app sees it), which says each package's version and exits.
 //! A published bundle is checked with it before any worker of it starts.
-//! And one package's build as the app (`install`): `R CMD INSTALL` in the
-//! app's sandbox, as its user, under its memory limit, within a time.
+//! (Packages are built by `builders`, never as the app.)
 
 use std::io;
-use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use rustix::process::Signal;
 
 use super::process::{pid_of, Exit, StartError};
-use super::sandbox::safe;
 use super::spawn::{Spawner, Spec};
 
 /// What the app's R has of the packages asked about.
@@ -65,114 +61,6 @@ pub async fn installed(spec: &Spec, names: &[String], timeout: Duration) -> Resu
         return Err(StartError::Exited { status: exit.describe(), code, tail: tail.into_iter().rev().collect() });
     }
     Ok(parse(&stdout))
-}
-
-/// A folder one build writes to: the app's user's, in its private
-/// temporary folder when it has one (`inside` is its path as the build
-/// sees it: under `/tmp` in a private view), else `fallback` (valve's own).
-#[derive(Debug)]
-pub struct BuildDir {
-    pub outside: PathBuf,
-    pub inside: PathBuf,
-    /// Its parent's handle and its name there (removed through them).
-    parent: Option<(OwnedFd, String)>,
-    /// Whose files the build makes.
-    uid: u32,
-}
-
-impl BuildDir {
-    /// Makes a new build folder for an app of `spec`.
-    pub fn new(spec: &Spec, fallback: &Path) -> io::Result<BuildDir> {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        let name = format!("valve-build-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-        match (spec.owner(), spec.private_tmp()) {
-            // The app's own temporary folder: its user's, or (under Landlock) valve's and the app's to write.
-            (owner, Some((outside, inside))) => {
-                let parent = safe::open_dir(&outside)?;
-                drop(safe::owned_dir(&parent, &name, 0o700, owner)?);
-                Ok(BuildDir {
-                    outside: outside.join(&name),
-                    inside: inside.join(&name),
-                    parent: Some((parent, name)),
-                    uid: owner.map_or_else(|| rustix::process::geteuid().as_raw(), |o| o.0),
-                })
-            }
-            (_, None) => {
-                std::fs::create_dir_all(fallback)?;
-                let parent = safe::open_dir(fallback)?;
-                drop(safe::valve_dir(&parent, &name, 0o755)?);
-                let path = fallback.join(&name);
-                let uid = rustix::process::geteuid().as_raw();
-                Ok(BuildDir { outside: path.clone(), inside: path, parent: Some((parent, name)), uid })
-            }
-        }
-    }
-
-    /// Whose files the build makes (the app's user, or valve).
-    pub fn uid(&self) -> u32 {
-        self.uid
-    }
-
-    /// The handle of the folder (never through a link).
-    pub fn open(&self) -> io::Result<OwnedFd> {
-        safe::open_dir(&self.outside)
-    }
-}
-
-impl Drop for BuildDir {
-    fn drop(&mut self) {
-        if let Some((parent, name)) = &self.parent {
-            let _ = safe::remove_tree(parent, name);
-        }
-    }
-}
-
-/// What a build said: its last lines (stdout and stderr as they came).
-pub type Tail = Vec<String>;
-
-/// Builds the package in `tarball` (a path the app's R can read) into
-/// `dir`'s `lib` folder as the app's workers would run (its user, sandbox,
-/// memory limit), finding what it needs in `library` and R's own; killed
-/// after `timeout`. Gives the last lines of its output either way.
-pub async fn install(
-    spec: &Spec,
-    tarball: &Path,
-    dir: &BuildDir,
-    library: &Path,
-    timeout: Duration,
-) -> Result<Tail, (String, Tail)> {
-    let io_err = |e: io::Error| (e.to_string(), Vec::new());
-    let spawner = Spawner::shared().map_err(io_err)?;
-    let mut cmd = spec.command("install").map_err(io_err)?;
-    let out = dir.inside.join("lib");
-    cmd.env("VALVE_INSTALL_TARBALL", tarball)
-        .env("VALVE_INSTALL_OUT", &out)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for name in ["VALVE_LIBRARY", "R_LIBS", "R_LIBS_USER", "R_LIBS_SITE"] {
-        cmd.env(name, library);
-    }
-    safe::owned_dir(&dir.open().map_err(io_err)?, "lib", 0o755, spec.owner()).map_err(io_err)?;
-    let (child, _own) = spawner.spawn(&spec.r_bin, cmd).await.map_err(|e| (e.to_string(), Vec::new()))?;
-    let pid = child.id().unwrap_or_default();
-    let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
-        Ok(Ok(output)) => output,
-        Ok(Err(e)) => return Err(io_err(e)),
-        Err(_) => {
-            let _ = rustix::process::kill_process_group(pid_of(pid), Signal::KILL);
-            return Err((format!("it took longer than {}s (package_build_timeout)", timeout.as_secs()), Vec::new()));
-        }
-    };
-    let mut lines: Vec<String> = String::from_utf8_lossy(&output.stdout).lines().map(str::to_string).collect();
-    lines.extend(String::from_utf8_lossy(&output.stderr).lines().map(str::to_string));
-    lines.retain(|l| !l.trim().is_empty());
-    let tail: Tail = lines.split_off(lines.len().saturating_sub(20));
-    match Exit::from_status(output.status) {
-        Exit::Code(0) => Ok(tail),
-        exit => Err((format!("R CMD INSTALL {}", exit.describe()), tail)),
-    }
 }
 
 /// Reads the launcher's `valve-r` and `valve-package` lines (anything else

@@ -1,10 +1,8 @@
 //! R run as valve itself, in no sandbox and with `--vanilla` (no profile,
-//! no site file, no app code): what an R installation is (its version,
-//! platform and library folders) and fetching package tarballs with R's
-//! own downloader (libcurl: `http`, `https`, `file`, the proxies R's
-//! variables name), for a restore of an app's packages.
+//! no site file, no app code, nothing an app or publisher sent): what an R
+//! installation is (its version, platform and library folders). Fetching
+//! packages is a builder's (`builders`), never valve's.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -55,56 +53,6 @@ pub async fn facts(r_bin: &Path) -> Result<RFacts, String> {
         return Err(format!("{} did not say its version", r_bin.display()));
     }
     Ok(facts)
-}
-
-const FETCH: &str = r#"options(timeout = max(600, getOption("timeout")))
-jobs <- strsplit(readLines(file("stdin")), "\t", fixed = TRUE)
-for (j in jobs) {
-  dest <- j[1]; why <- character(); ok <- FALSE
-  for (u in j[-1]) {
-    r <- tryCatch(suppressWarnings(utils::download.file(u, dest, quiet = TRUE, mode = "wb", method = "libcurl")),
-                  error = function(e) conditionMessage(e))
-    if (identical(r, 0L) && file.exists(dest)) { ok <- TRUE; cat("valve-fetched\t", dest, "\t", u, "\n", sep = ""); break }
-    unlink(dest)
-    why <- c(why, paste0(u, ": ", gsub("[\t\n]", " ", if (is.character(r)) r else paste("status", r))))
-  }
-  if (!ok) cat("valve-fetch-failed\t", dest, "\t", paste(why, collapse = "; "), "\n", sep = "")
-}
-"#;
-
-/// One file to fetch: where it goes, and the URLs to try in order.
-pub type FetchJob = (PathBuf, Vec<String>);
-
-/// Fetches each job's file with `r_bin`'s downloader: for each destination,
-/// the URL it came from or why none gave it.
-pub async fn fetch(
-    r_bin: &Path,
-    jobs: &[FetchJob],
-    timeout: Duration,
-) -> Result<Vec<(PathBuf, Result<String, String>)>, String> {
-    let mut input = Vec::new();
-    for (dest, urls) in jobs {
-        let mut line = dest.display().to_string();
-        for u in urls {
-            line.push('\t');
-            line.push_str(u);
-        }
-        if line.contains('\n') {
-            return Err(format!("{line:?} holds a line break"));
-        }
-        let _ = writeln!(input, "{line}");
-    }
-    let out = run(r_bin, FETCH, std::str::from_utf8(&input).unwrap_or(""), timeout).await?;
-    let mut results = Vec::new();
-    for line in out.lines() {
-        let parts: Vec<&str> = line.splitn(3, '\t').collect();
-        match parts.as_slice() {
-            ["valve-fetched", dest, url] => results.push((PathBuf::from(dest), Ok(url.to_string()))),
-            ["valve-fetch-failed", dest, why] => results.push((PathBuf::from(dest), Err(why.to_string()))),
-            _ => {}
-        }
-    }
-    Ok(results)
 }
 
 /// Runs `code` in `r_bin --vanilla` with `stdin`, within `timeout`: its

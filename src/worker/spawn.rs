@@ -282,15 +282,6 @@ impl Spec {
         self.run_folder()?.remove_tree(name)
     }
 
-    /// The app's private temporary folder: its path, and its path as the
-    /// app's R sees it (`/tmp` in a private view).
-    pub(super) fn private_tmp(&self) -> Option<(PathBuf, PathBuf)> {
-        let (s, _) = self.sandbox.as_ref()?;
-        let tmp = s.tmp.clone()?;
-        let inside = s.env().into_iter().find(|(k, _)| k == "TMPDIR").map(|(_, v)| PathBuf::from(v))?;
-        Some((tmp, inside))
-    }
-
     /// Who owns what valve makes for the app's workers (a FIFO), when they switch users.
     pub(super) fn owner(&self) -> Option<(u32, u32)> {
         self.sandbox.as_ref().and_then(|(s, _)| s.owner())
@@ -388,16 +379,6 @@ impl Spec {
     /// then its workers inherit only what `sandbox::inherited` allows.
     pub(super) fn isolated(&self) -> bool {
         self.sandbox.as_ref().is_some_and(|(s, _)| s.isolated())
-    }
-
-    /// Variables of valve's own environment a worker must not have (a warm
-    /// fork unsets them: it starts from the parent's, which is valve's).
-    pub(super) fn env_removed(&self) -> Vec<String> {
-        if self.isolated() {
-            sandbox::disallowed_env_names()
-        } else {
-            Vec::new()
-        }
     }
 
     /// The uid a worker's socket must be served by: the app's user's, or

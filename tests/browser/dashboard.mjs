@@ -4,6 +4,7 @@
 // Usage: node dashboard.mjs VALVE_URL SCREENSHOT.png PID...
 // Prints one JSON line with what it saw; exits non-zero when a check fails.
 import { chromium } from "playwright-core";
+import { signIn } from "./admin.mjs";
 
 const [url, screenshot, ...pids] = process.argv.slice(2);
 const fail = (msg) => { console.error(`dashboard check failed: ${msg}`); process.exitCode = 1; };
@@ -15,7 +16,7 @@ const browser = await chromium.launch({
 });
 try {
   const page = await browser.newPage({ viewport: { width: 1280, height: 860 } });
-  await page.goto(`${process.env.VALVE_ADMIN || url}/__valve__/`);
+  await signIn(page, process.env.VALVE_ADMIN || url, process.env.VALVE_ADMIN_TOKEN);
   await page.click("#rows tr td.name a", { timeout: 10000 });
   await page.waitForSelector("td.pid", { timeout: 10000 });
   const shown = await page.$$eval("td.pid", (cells) => cells.map((c) => c.textContent.trim()));

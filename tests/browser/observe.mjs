@@ -7,6 +7,7 @@
 //   SHOTS_DIR: where dashboard-site.png and dashboard-app.png go.
 // Prints one JSON line with what it saw; exits non-zero when a check fails.
 import { chromium } from "playwright-core";
+import { signIn } from "./admin.mjs";
 
 const [admin, shinyUrl, apiUrl, app, shots] = process.argv.slice(2);
 const browser = await chromium.launch({
@@ -23,7 +24,7 @@ try {
 
   const ops = await browser.newContext({ viewport: { width: 1280, height: 720 } });
   const page = await ops.newPage();
-  await page.goto(`${admin}/__valve__/`);
+  await signIn(page, admin, process.env.VALVE_ADMIN_TOKEN);
   // The table follows on its own: wait until it shows the session and its user.
   await page.waitForFunction(() => {
     const rows = [...document.querySelectorAll("#rows tr")];

@@ -4,6 +4,7 @@
 // `survive` prints {"ready":true}, waits for a line on stdin (the test kills
 // the session's worker meanwhile), then reloads and checks the app works.
 import { chromium } from "playwright-core";
+import { adminFetch } from "./admin.mjs";
 import { createInterface } from "node:readline";
 
 const [mode, url, count] = process.argv.slice(2);
@@ -50,7 +51,7 @@ try {
       for (let j = 0; j < n; j++) if (j !== i) check(!text.includes(`session${j}_`), `session ${i} sees only its own data`);
       return { session: i, marker };
     }));
-    const status = await (await fetch(`${process.env.VALVE_ADMIN || url}/__valve__/status`)).json();
+    const status = await (await adminFetch(`${process.env.VALVE_ADMIN || url}/__valve__/status`)).json();
     console.log(JSON.stringify({ uploads: results.length, sessions: status.workers.map((w) => w.sessions) }));
     await browser.close();
   } else if (mode === "download") {
@@ -112,7 +113,7 @@ try {
       null, { timeout: 30000 });
     // The users valve lists for the workers' open sessions, this one's included.
     const admin = process.env.VALVE_ADMIN;
-    const users = admin ? (await (await fetch(`${admin}/__valve__/status`)).json()).workers.flatMap((w) => w.users) : null;
+    const users = admin ? (await (await adminFetch(`${admin}/__valve__/status`)).json()).workers.flatMap((w) => w.users) : null;
     console.log(JSON.stringify({ who: await page.textContent("#who"), users }));
   } else {
     throw new Error(`unknown mode ${mode}`);

@@ -57,7 +57,11 @@ fn pebble_issues_valve_a_certificate_valve_renews_it_and_a_failing_authority_lea
     let status = valve.status();
     assert!(status["tls"]["main"]["failing"].is_string(), "{status}");
     let metrics = String::from_utf8(
-        Command::new("curl").args(["-s", &valve.admin("/__valve__/metrics")]).output().unwrap().stdout,
+        Command::new("curl")
+            .args(["-s", "-H", &valve.bearer(), &valve.admin("/__valve__/metrics")])
+            .output()
+            .unwrap()
+            .stdout,
     )
     .unwrap();
     assert!(metrics.contains("valve_tls_certificate_renewal_failing{listener=\"main\"} 1"), "{metrics}");

@@ -7,8 +7,10 @@ use std::time::Duration;
 use crate::harness::{client, closed_port, example, fixture, wait_until, Valve};
 
 /// Scrapes `/__valve__/metrics` with a real Prometheus text-format parser.
-async fn scrape(base: &str) -> prometheus_parse::Scrape {
-    let text = client().get(format!("{base}/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
+async fn scrape(valve: &Valve) -> prometheus_parse::Scrape {
+    let base = valve.admin_url();
+    let text =
+        valve.admin_client().get(format!("{base}/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
     prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("valid Prometheus text format")
 }
 
@@ -42,7 +44,7 @@ async fn metrics_match_the_traffic_sent() {
     for _ in 0..2 {
         assert_eq!(c.post(valve.get("/size")).body(vec![0u8; 4096]).send().await.unwrap().status(), 413);
     }
-    let m = scrape(&valve.admin_url()).await;
+    let m = scrape(&valve).await;
     assert_eq!(value(&m, "valve_requests_total", &[("method", "GET"), ("status", "200")]), 7.0);
     assert_eq!(value(&m, "valve_requests_total", &[("method", "GET"), ("status", "404")]), 3.0);
     assert_eq!(value(&m, "valve_requests_total", &[("method", "POST"), ("status", "413")]), 2.0);
@@ -55,7 +57,7 @@ async fn metrics_match_the_traffic_sent() {
     assert_eq!(value(&m, "valve_worker_spawn_duration_seconds_count", &[]), 1.0);
     assert_eq!(value(&m, "valve_worker_exits_total", &[("reason", "crashed")]), 0.0);
     // valve's own pages are not counted as API traffic.
-    let m = scrape(&valve.admin_url()).await;
+    let m = scrape(&valve).await;
     assert_eq!(value(&m, "valve_request_duration_seconds_count", &[]), 12.0);
 }
 
@@ -69,7 +71,7 @@ async fn status_lists_every_worker_and_the_configuration() {
         valve.status()["workers"].as_array().is_some_and(|w| w.iter().all(|w| w["memory_bytes"].is_u64()))
     });
     let status: serde_json::Value =
-        client().get(valve.admin("/__valve__/status")).send().await.unwrap().json().await.unwrap();
+        valve.admin_client().get(valve.admin("/__valve__/status")).send().await.unwrap().json().await.unwrap();
     let mut pids: Vec<u64> = status["workers"].as_array().unwrap().iter().map(|w| w["pid"].as_u64().unwrap()).collect();
     pids.sort();
     let mut real: Vec<u64> = valve.workers().into_iter().map(u64::from).collect();
@@ -79,7 +81,7 @@ async fn status_lists_every_worker_and_the_configuration() {
     assert_eq!(status["pool"]["idle"], 2);
     // A plain worker reports its RSS; a fork (--preload) only what it does not share.
     assert!(status["workers"][0]["memory_bytes"].as_u64().unwrap() > 1 << 20, "{status}");
-    let resp = client().get(valve.admin("/__valve__/nope")).send().await.unwrap();
+    let resp = valve.admin_client().get(valve.admin("/__valve__/nope")).send().await.unwrap();
     assert_eq!(resp.status(), 404, "unknown valve paths are not forwarded to R");
 }
 
@@ -155,6 +157,7 @@ async fn dashboard_shows_every_worker_and_updates_live_in_chromium() {
     let out = tokio::process::Command::new("node")
         .args(&args)
         .env("VALVE_ADMIN", valve.admin_url())
+        .env("VALVE_ADMIN_TOKEN", valve.token())
         .current_dir(&browser_dir)
         .output()
         .await
@@ -217,7 +220,7 @@ fn healthcheck_mode_says_whether_a_valve_answers() {
 #[tokio::test(flavor = "multi_thread")]
 async fn valves_own_path_without_its_slash_never_reaches_r() {
     let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap()]);
-    let resp = client().get(valve.admin("/__valve__")).send().await.unwrap();
+    let resp = valve.admin_client().get(valve.admin("/__valve__")).send().await.unwrap();
     assert_eq!(resp.status(), 307, "redirected to the dashboard");
     assert_eq!(resp.headers()["location"], "/__valve__/");
     let main = client().get(valve.get("/__valve__")).send().await.unwrap();
@@ -254,10 +257,13 @@ async fn metrics_carry_build_info_process_and_worker_memory() {
     let valve = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "-n", "2", "--n-min", "2"]);
     // Each worker's memory is sampled by its own task once it is ready.
     wait_until("worker memory sampled", Duration::from_secs(10), || {
-        let out = std::process::Command::new("curl").args(["-s", &valve.admin("/__valve__/metrics")]).output().unwrap();
+        let out = std::process::Command::new("curl")
+            .args(["-s", "-H", &valve.bearer(), &valve.admin("/__valve__/metrics")])
+            .output()
+            .unwrap();
         String::from_utf8_lossy(&out.stdout).matches("valve_worker_memory_bytes{").count() == 2
     });
-    let m = scrape(&valve.admin_url()).await;
+    let m = scrape(&valve).await;
     assert_eq!(value(&m, "valve_build_info", &[("version", env!("CARGO_PKG_VERSION"))]), 1.0);
     assert!(value(&m, "process_resident_memory_bytes", &[]) > 1e6);
     assert!(value(&m, "process_open_fds", &[]) > 3.0);
@@ -269,7 +275,7 @@ async fn metrics_carry_build_info_process_and_worker_memory() {
 #[tokio::test(flavor = "multi_thread")]
 async fn status_answers_in_milliseconds_with_big_forked_workers() {
     let valve = Valve::start(&["-f", fixture("preload.R").to_str().unwrap(), "--preload", "-n", "3", "--n-min", "3"]);
-    let c = reqwest::Client::new();
+    let c = valve.admin_client();
     let mut took = Vec::new();
     for _ in 0..20 {
         let start = std::time::Instant::now();
@@ -298,7 +304,7 @@ async fn valves_pages_are_private_by_default_and_on_the_main_port_only_when_aske
             assert_eq!(main.status(), 404, "{page} is not public");
             assert!(main.text().await.unwrap().contains("--admin-addr"), "the 404 says where to look");
             assert_eq!(
-                client().get(valve.admin(page)).send().await.unwrap().status(),
+                valve.admin_client().get(valve.admin(page)).send().await.unwrap().status(),
                 200,
                 "{page} on the admin listener"
             );
@@ -309,7 +315,8 @@ async fn valves_pages_are_private_by_default_and_on_the_main_port_only_when_aske
     }
     assert_ne!(a.admin_url(), b.admin_url());
     let open = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "--admin-on-main"]);
-    assert_eq!(client().get(open.get("/__valve__/status")).send().await.unwrap().status(), 200);
+    assert_eq!(client().get(open.get("/__valve__/status")).send().await.unwrap().status(), 401, "it asks who calls");
+    assert_eq!(open.admin_client().get(open.get("/__valve__/status")).send().await.unwrap().status(), 200);
     let none = Valve::start(&["-f", fixture("api.R").to_str().unwrap(), "--admin-addr", "off"]);
     assert!(none.ready["admin_url"].is_null());
     assert_eq!(client().get(none.get("/__valve__/healthz")).send().await.unwrap().status(), 200);

@@ -30,12 +30,12 @@ fn start(path: &Path, extra: &[&str]) -> Valve {
 }
 
 async fn get(url: String) -> (u16, String) {
-    let resp = client().get(url).send().await.unwrap();
+    let resp = crate::harness::get_url(&url).send().await.unwrap();
     (resp.status().as_u16(), resp.text().await.unwrap())
 }
 
 async fn status(valve: &Valve) -> serde_json::Value {
-    client().get(valve.admin("/__valve__/status")).send().await.unwrap().json().await.unwrap()
+    valve.admin_client().get(valve.admin("/__valve__/status")).send().await.unwrap().json().await.unwrap()
 }
 
 const THREE_APPS: &str = r#"
@@ -130,6 +130,7 @@ fn a_shiny_app_works_under_its_prefix_in_a_real_browser() {
     let valve = start(&path, &[]);
     let out = Command::new("node")
         .env("VALVE_ADMIN", valve.admin_url())
+        .env("VALVE_ADMIN_TOKEN", valve.token())
         .args(["shiny.mjs", "hello", &valve.get("/explorer/")])
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser"))
         .output()
@@ -345,7 +346,7 @@ fn rewrite(path: &Path, text: &str) {
 }
 
 async fn post_reload(valve: &Valve) -> (u16, serde_json::Value) {
-    let resp = client().post(valve.admin("/__valve__/reload")).send().await.unwrap();
+    let resp = valve.admin_client().post(valve.admin("/__valve__/reload")).send().await.unwrap();
     (resp.status().as_u16(), resp.json().await.unwrap())
 }
 
@@ -462,7 +463,7 @@ async fn a_version_that_cannot_start_leaves_the_old_one_serving() {
     assert_eq!(code, 400);
     assert!(body["problems"][0].as_str().unwrap().contains("valve.toml:2:8"), "{body}");
     assert_eq!(get(valve.get("/app/pid")).await.0, 200);
-    let get_reload = client().get(valve.admin("/__valve__/reload")).send().await.unwrap();
+    let get_reload = valve.admin_client().get(valve.admin("/__valve__/reload")).send().await.unwrap();
     assert_eq!(get_reload.status(), 405);
 }
 
@@ -488,7 +489,11 @@ fn a_shiny_session_on_a_changed_app_keeps_working_and_new_browsers_get_the_new_v
     let mut input = node.stdin.take().unwrap();
     assert!(out.next().unwrap().unwrap().contains("\"ready\":true"));
     let status: serde_json::Value = serde_json::from_slice(
-        &Command::new("curl").args(["-s", &valve.admin("/__valve__/status")]).output().unwrap().stdout,
+        &Command::new("curl")
+            .args(["-s", "-H", &valve.bearer(), &valve.admin("/__valve__/status")])
+            .output()
+            .unwrap()
+            .stdout,
     )
     .unwrap();
     let first: Vec<u32> = status["workers"]

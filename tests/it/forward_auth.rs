@@ -184,7 +184,8 @@ async fn the_auth_service_names_the_caller_and_the_allow_lists_decide() {
     assert_eq!(handed_to_workers(&valve), before);
     valve.wait_for_log("the forward-auth service could not say who is calling", Duration::from_secs(10));
 
-    let metrics = client().get(valve.admin("/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics =
+        valve.admin_client().get(valve.admin("/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
     for line in [
         r#"valve_auth_requests_total{result="allowed"} 1"#,
         r#"valve_auth_requests_total{result="denied"} 1"#,

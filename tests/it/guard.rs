@@ -82,7 +82,10 @@ async fn clients_that_never_read_their_answers_hold_no_worker() {
     // R builds the three answers; valve reads them whole and frees the workers,
     // while the clients still have read nothing.
     let busy = || {
-        let out = std::process::Command::new("curl").args(["-s", &valve.admin("/__valve__/status")]).output().unwrap();
+        let out = std::process::Command::new("curl")
+            .args(["-s", "-H", &valve.bearer(), &valve.admin("/__valve__/status")])
+            .output()
+            .unwrap();
         serde_json::from_slice::<serde_json::Value>(&out.stdout)
             .map(|s| s["pool"]["busy"].as_u64().unwrap_or(9))
             .unwrap_or(9)
@@ -182,7 +185,16 @@ async fn a_log_reader_that_stalls_never_freezes_valve() {
         assert!(matches!(resp, Ok(Ok(ref r)) if r.status() == 200), "request {i} stalled behind the log");
     }
     assert_eq!(c.get(format!("{url}/__valve__/healthz")).send().await.unwrap().status(), 200);
-    let metrics = c.get(format!("{admin}/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
+    let token = std::fs::read_to_string(ready["admin_token_file"].as_str().unwrap()).unwrap();
+    let metrics = c
+        .get(format!("{admin}/__valve__/metrics"))
+        .bearer_auth(token.trim())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let dropped: f64 =
         metrics.lines().find_map(|l| l.strip_prefix("valve_log_dropped_total ")).unwrap().parse().unwrap();
     assert!(dropped > 0.0, "the lines that could not be written were dropped and counted");

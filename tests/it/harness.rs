@@ -321,7 +321,9 @@ impl Valve {
                     if let Ok(ready) = serde_json::from_str::<serde_json::Value>(&line) {
                         if ready["event"] == "ready" {
                             let url = ready["url"].as_str().expect("the ready line carries the url").to_string();
-                            return Valve { child, _state: state, state_dir, url, ready, log };
+                            let valve = Valve { child, _state: state, state_dir, url, ready, log };
+                            ADMINS.lock().unwrap().push((format!("{}/", valve.admin_url()), valve.token()));
+                            return valve;
                         }
                     }
                 }
@@ -415,15 +417,49 @@ impl Valve {
         wait_until(&format!("log line containing {needle:?}"), deadline, || self.log().contains(needle));
     }
 
+    /// The file the operator token is in (the ready line names it).
+    pub fn token_file(&self) -> String {
+        self.ready["admin_token_file"].as_str().expect("the ready line names the operator token's file").to_string()
+    }
+
+    /// The operator token of valve's admin pages (read from the file the ready line names).
+    pub fn token(&self) -> String {
+        let file = self.ready["admin_token_file"].as_str().expect("the ready line names the operator token's file");
+        std::fs::read_to_string(file).unwrap_or_else(|e| panic!("the operator token {file}: {e}")).trim().to_string()
+    }
+
+    /// The header that carries the operator token, as curl takes it.
+    pub fn bearer(&self) -> String {
+        format!("Authorization: Bearer {}", self.token())
+    }
+
+    /// A client (as `client()`) whose every request carries the operator token.
+    pub fn admin_client(&self) -> reqwest::Client {
+        let mut headers = reqwest::header::HeaderMap::new();
+        let value = format!("Bearer {}", self.token());
+        headers.insert(reqwest::header::AUTHORIZATION, value.parse().unwrap());
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_max_idle_per_host(0)
+            .timeout(Duration::from_secs(60))
+            .default_headers(headers)
+            .build()
+            .unwrap()
+    }
+
     /// `/__valve__/status` from the admin listener (`Null` if it does not answer).
     pub fn status(&self) -> serde_json::Value {
         let addr = self.admin_url().trim_start_matches("http://").to_string();
+        let token = self.token();
         let get = || -> std::io::Result<Vec<u8>> {
             use std::io::{Read, Write};
             let mut s = std::net::TcpStream::connect(&addr)?;
             s.set_read_timeout(Some(Duration::from_secs(10)))?;
             // HTTP/1.0: the answer ends when the connection closes, never chunked.
-            s.write_all(b"GET /__valve__/status HTTP/1.0\r\nHost: valve\r\n\r\n")?;
+            s.write_all(
+                format!("GET /__valve__/status HTTP/1.0\r\nHost: valve\r\nAuthorization: Bearer {token}\r\n\r\n")
+                    .as_bytes(),
+            )?;
             let mut all = Vec::new();
             s.read_to_end(&mut all)?;
             Ok(all)
@@ -495,6 +531,8 @@ impl Valve {
 
 impl Drop for Valve {
     fn drop(&mut self) {
+        let mine = format!("{}/", self.admin_url());
+        ADMINS.lock().unwrap_or_else(|p| p.into_inner()).retain(|(admin, _)| *admin != mine);
         // SIGKILL on purpose: the workers must follow through their parent-death signal.
         unsafe {
             libc::kill(-(self.child.id() as i32), libc::SIGKILL);
@@ -654,6 +692,26 @@ pub fn closed_port() -> (tokio::net::TcpSocket, u16) {
     socket.bind("127.0.0.1:0".parse().expect("an address")).expect("bind to port 0");
     let port = socket.local_addr().expect("a bound address").port();
     (socket, port)
+}
+
+/// Each running valve's admin address and operator token, for helpers that
+/// are handed a URL alone (`for_url`).
+static ADMINS: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+
+/// The operator token of the running valve whose admin address `url` is on.
+pub fn token_for(url: &str) -> Option<String> {
+    ADMINS.lock().unwrap().iter().find(|(admin, _)| url.starts_with(admin.as_str())).map(|(_, t)| t.clone())
+}
+
+/// A GET of `url` (as `client()`), carrying the operator token when `url`
+/// is on a running valve's admin address.
+pub fn get_url(url: &str) -> reqwest::RequestBuilder {
+    let token = token_for(url);
+    let req = client().get(url);
+    match token {
+        Some(t) => req.bearer_auth(t),
+        None => req,
+    }
 }
 
 /// A client that neither follows redirects nor keeps cookies, and opens a fresh

@@ -173,14 +173,16 @@ fn https_from_files_serves_plumber_shiny_and_static_over_http1_and_http2() {
     assert!(body.contains("this port speaks HTTPS"), "{body}");
     // The admin listener speaks HTTPS too; the status page names the certificate.
     assert!(valve.admin_url().starts_with("https://"), "{}", valve.admin_url());
-    let (c, status, _) = curl(&["--cacert", cert.to_str().unwrap(), &valve.admin("/__valve__/status")]);
+    let (c, status, _) =
+        curl(&["--cacert", cert.to_str().unwrap(), "-H", &valve.bearer(), &valve.admin("/__valve__/status")]);
     assert_eq!(c, 200);
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(status["tls"]["main"]["source"], "files");
     assert_eq!(status["tls"]["main"]["names"], serde_json::json!(["localhost", "127.0.0.1"]));
     let days = status["tls"]["main"]["days_left"].as_f64().unwrap();
     assert!((29.0..30.1).contains(&days), "{days}");
-    let (_, metrics, _) = curl(&["--cacert", cert.to_str().unwrap(), &valve.admin("/__valve__/metrics")]);
+    let (_, metrics, _) =
+        curl(&["--cacert", cert.to_str().unwrap(), "-H", &valve.bearer(), &valve.admin("/__valve__/metrics")]);
     assert!(metrics.contains("valve_tls_certificate_renewal_failing{listener=\"main\"} 0"), "{metrics}");
 }
 

@@ -185,7 +185,8 @@ async fn per_app_access_is_decided_before_any_worker_and_a_reload_changes_it_at_
     let (code, _, body) = status_of(&valve, "/docs/", &staff).await;
     assert_eq!((code, body.as_str()), (200, "<h1>docs</h1>"));
 
-    let metrics = client().get(valve.admin("/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics =
+        valve.admin_client().get(valve.admin("/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
     assert!(
         metrics.contains(r#"valve_rejected_requests_total{app="api",reason="access_denied"} 3"#),
         "{}",
@@ -198,7 +199,7 @@ async fn per_app_access_is_decided_before_any_worker_and_a_reload_changes_it_at_
     std::fs::write(&config, std::fs::read_to_string(&config).unwrap().replace("\"alice\",", "\"alice\", \"bob\","))
         .unwrap();
     let plan: serde_json::Value =
-        client().post(valve.admin("/__valve__/reload")).send().await.unwrap().json().await.unwrap();
+        valve.admin_client().post(valve.admin("/__valve__/reload")).send().await.unwrap().json().await.unwrap();
     assert_eq!(plan["apps"]["unchanged"].as_array().map(Vec::len), Some(2), "{plan}");
     let (code, _, body) = status_of(&valve, "/api/who", &bob).await;
     assert_eq!(code, 200, "{body}");
@@ -272,6 +273,7 @@ pub(crate) fn shiny_whoami_at(valve: &Valve, url: &str, headers: &str) -> String
     need_browser();
     let out = Command::new("node")
         .env("VALVE_ADMIN", valve.admin_url())
+        .env("VALVE_ADMIN_TOKEN", valve.token())
         .args(["shiny.mjs", "whoami", url, headers])
         .current_dir(browser_dir())
         .output()

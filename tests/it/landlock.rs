@@ -316,6 +316,7 @@ fn plumbers_and_shinys_examples_serve_under_landlock_plain_and_preloaded() {
         }
         let out = std::process::Command::new("node")
             .env("VALVE_ADMIN", v.admin_url())
+            .env("VALVE_ADMIN_TOKEN", v.token())
             .args(["shiny.mjs", "hello", &v.get("/hello/")])
             .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser"))
             .output()

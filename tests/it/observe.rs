@@ -56,7 +56,7 @@ static = "{docs}"
 }
 
 async fn get(url: &str) -> (u16, String) {
-    let resp = client().get(url).send().await.unwrap();
+    let resp = crate::harness::get_url(url).send().await.unwrap();
     (resp.status().as_u16(), resp.text().await.unwrap())
 }
 
@@ -88,7 +88,7 @@ async fn the_dashboard_lists_every_app_each_page_shows_its_own_workers_and_each_
     let logs = |app: &str, query: &str| valve.admin(&format!("/__valve__/apps/{app}/logs{query}"));
 
     // Follow api's log, then have one of its endpoints print a line.
-    let follow = client().get(logs("api", "?follow=1")).send().await.unwrap();
+    let follow = crate::harness::get_url(&logs("api", "?follow=1")).send().await.unwrap();
     assert_eq!(follow.status(), 200);
     assert_eq!(follow.headers()["content-type"], "text/plain; charset=utf-8");
     let mut stream = follow.bytes_stream();
@@ -160,6 +160,7 @@ async fn the_dashboard_lists_every_app_each_page_shows_its_own_workers_and_each_
     let out = Command::new("node")
         .args(["observe.mjs", &valve.admin_url(), &valve.get("/whoami/"), &valve.get("/api"), "api"])
         .arg(shots.path())
+        .env("VALVE_ADMIN_TOKEN", valve.token())
         .current_dir(browser_dir())
         .output()
         .expect("node runs (install nodejs and Debian's chromium; `npm ci` in tests/browser)");
@@ -234,7 +235,7 @@ async fn a_signed_in_users_shiny_session_is_in_the_usage_list_and_in_the_usage_l
     let usage_url = valve.admin("/__valve__/usage");
     let mut usage = Value::Null;
     wait_until("alice's session in the usage list", Duration::from_secs(10), || {
-        let out = Command::new("curl").args(["-s", &usage_url]).output().unwrap();
+        let out = Command::new("curl").args(["-s", "-H", &valve.bearer(), &usage_url]).output().unwrap();
         usage = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
         usage["sessions"].as_array().is_some_and(|s| !s.is_empty())
     });

@@ -103,8 +103,15 @@ async fn two_site_apps_get_two_versions_of_one_package_and_a_restart_builds_noth
     assert!(log.contains("zeallot 9.9.9"), "{log}");
     assert_ne!(get(&valve.get("/gone/v")).await.0, 200);
     // ... and the status and the dashboard's table say so, with why.
-    let apps: serde_json::Value =
-        client().get(format!("{}/__valve__/apps", valve.admin_url())).send().await.unwrap().json().await.unwrap();
+    let apps: serde_json::Value = valve
+        .admin_client()
+        .get(format!("{}/__valve__/apps", valve.admin_url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let gone = apps["not_served"].as_array().and_then(|l| l.iter().find(|f| f["name"] == "gone"));
     assert!(gone.is_some_and(|f| f["error"].as_str().is_some_and(|e| e.contains("zeallot"))), "{apps}");
     drop(valve);
@@ -120,16 +127,29 @@ async fn two_site_apps_get_two_versions_of_one_package_and_a_restart_builds_noth
 
     // What the status page, the metrics and `valve packages` say.
     let admin = valve.admin_url();
-    let status: serde_json::Value =
-        client().get(format!("{admin}/__valve__/apps/new/status")).send().await.unwrap().json().await.unwrap();
+    let status: serde_json::Value = valve
+        .admin_client()
+        .get(format!("{admin}/__valve__/apps/new/status"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let p = &status["app"]["packages"];
     // bitops and zeallot built; plumber and what it needs from R's library.
     assert_eq!((p["file"].as_str(), p["built"].as_u64()), (Some("renv.lock"), Some(2)), "{p}");
     assert!(p["from_r_library"].as_u64() > Some(1), "{p}");
-    let metrics = client().get(format!("{admin}/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics =
+        valve.admin_client().get(format!("{admin}/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
     assert!(metrics.contains("valve_package_restores_total{result=\"hit\"} 2"), "{metrics}");
     let cli = |args: &[&str]| {
-        let out = std::process::Command::new(valve_bin()).args(args).args(["--admin", &admin]).output().unwrap();
+        let out = std::process::Command::new(valve_bin())
+            .args(args)
+            .args(["--admin", &admin])
+            .env("VALVE_ADMIN_TOKEN_FILE", valve.token_file())
+            .output()
+            .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).to_string()
     };

@@ -76,7 +76,7 @@ cat("valve-test-deployed:", ok, "\n")
 }
 
 pub(crate) async fn get(url: &str) -> (u16, String) {
-    match client().get(url).send().await {
+    match crate::harness::get_url(url).send().await {
         Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
         Err(e) => (0, e.to_string()),
     }
@@ -296,7 +296,12 @@ async fn rsconnect_publishes_redeploys_without_a_failed_request_refuses_and_roll
 
     // A rollback (valve activate, against the admin address) serves the old version again.
     let cli = |args: &[&str]| {
-        let out = Command::new(valve_bin()).args(args).args(["--admin", &admin]).output().unwrap();
+        let out = Command::new(valve_bin())
+            .args(args)
+            .args(["--admin", &admin])
+            .env("VALVE_ADMIN_TOKEN_FILE", valve.token_file())
+            .output()
+            .unwrap();
         (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
     };
     let (code, listed) = cli(&["versions", "api"]);

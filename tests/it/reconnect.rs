@@ -89,7 +89,11 @@ fn metric(valve: &Valve, sample: &str) -> f64 {
 }
 
 fn reqwest_blocking(url: &str) -> String {
-    let out = std::process::Command::new("curl").args(["-s", url]).output().expect("curl runs");
+    let mut cmd = std::process::Command::new("curl");
+    if let Some(token) = crate::harness::token_for(url) {
+        cmd.args(["-H", &format!("Authorization: Bearer {token}")]);
+    }
+    let out = cmd.args(["-s", url]).output().expect("curl runs");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 

@@ -46,7 +46,7 @@ async fn chaos_killing_workers_under_load_fails_no_request() {
         tokio::time::sleep(Duration::from_secs(1)).await;
         // Workers that serve (a worker killed while it starts counts towards crash-loop backoff).
         let status: serde_json::Value =
-            client().get(valve.admin("/__valve__/status")).send().await.unwrap().json().await.unwrap();
+            valve.admin_client().get(valve.admin("/__valve__/status")).send().await.unwrap().json().await.unwrap();
         let workers: Vec<u32> = status["workers"]
             .as_array()
             .unwrap()
@@ -226,7 +226,8 @@ async fn a_recycled_worker_serves_until_its_replacement_answers_so_no_request_wa
     assert_eq!(distinct.len(), runs.len(), "a replaced worker never serves again: {pids:?}");
     assert!(valve.log().contains("starting worker: replacing one past its limit"));
     // Every request found a worker at once: none waited in the queue for a start.
-    let metrics = client().get(valve.admin("/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics =
+        valve.admin_client().get(valve.admin("/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
     let waited: Vec<&str> = metrics.lines().filter(|l| l.starts_with("valve_queue_wait_seconds_sum")).collect();
     assert!(!waited.is_empty() && waited.iter().all(|l| l.ends_with(" 0")), "no wait: {waited:?}");
 }

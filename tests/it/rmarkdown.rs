@@ -49,7 +49,11 @@ fn renders(log: &Path) -> usize {
 }
 
 pub fn get(url: &str) -> (u16, String) {
-    let out = Command::new("curl").args(["-s", "--max-time", "60", "-w", "\n%{http_code}", url]).output().unwrap();
+    let mut cmd = Command::new("curl");
+    if let Some(token) = crate::harness::token_for(url) {
+        cmd.args(["-H", &format!("Authorization: Bearer {token}")]);
+    }
+    let out = cmd.args(["-s", "--max-time", "60", "-w", "\n%{http_code}", url]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     (code.parse().unwrap_or(0), body.to_string())

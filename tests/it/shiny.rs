@@ -16,6 +16,7 @@ fn drive(mode: &str, valve: &Valve, extra: &[&str]) -> String {
     let url = &valve.url;
     let out = Command::new("node")
         .env("VALVE_ADMIN", valve.admin_url())
+        .env("VALVE_ADMIN_TOKEN", valve.token())
         .arg("shiny.mjs")
         .arg(mode)
         .arg(url)
@@ -125,7 +126,8 @@ fn a_page_asked_for_as_its_worker_dies_is_served_by_another() {
 fn sessions_are_counted_in_metrics_and_status() {
     let valve = Valve::start(&["-f", &shiny_example("01_hello"), "--no-access-log"]);
     drive("hello", &valve, &[]);
-    let metrics = Command::new("curl").args(["-s", &valve.admin("/__valve__/metrics")]).output().unwrap();
+    let metrics =
+        Command::new("curl").args(["-s", "-H", &valve.bearer(), &valve.admin("/__valve__/metrics")]).output().unwrap();
     let text = String::from_utf8_lossy(&metrics.stdout);
     assert!(text.contains("valve_shiny_sessions_opened_total{app=\"01_hello\"} 1"), "{text}");
 }

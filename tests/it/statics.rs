@@ -214,14 +214,15 @@ async fn a_static_folder_in_a_site_is_served_by_valve_beside_an_api_and_a_shiny_
     let listing = get(&valve.get("/"), &[]).await.text().await.unwrap();
     assert!(listing.contains("href=\"/docs/\">docs</a> <small>static content</small>"), "{listing}");
     let status: serde_json::Value =
-        client().get(valve.admin("/__valve__/status")).send().await.unwrap().json().await.unwrap();
+        valve.admin_client().get(valve.admin("/__valve__/status")).send().await.unwrap().json().await.unwrap();
     let app = status["apps"].as_array().unwrap().iter().find(|a| a["name"] == "docs").unwrap().clone();
     assert_eq!(
         (&app["kind"], &app["ready"], &app["workers"]),
         (&"static".into(), &true.into(), &serde_json::json!([]))
     );
     assert_eq!((&app["pool"]["n_min"], &app["pool"]["n_max"]), (&0.into(), &0.into()));
-    let metrics = client().get(valve.admin("/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics =
+        valve.admin_client().get(valve.admin("/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
     assert!(metrics.contains("valve_requests_total{app=\"docs\",method=\"GET\",status=\"200\"}"), "{metrics}");
     assert!(metrics.contains("valve_requests_total{app=\"docs\",method=\"GET\",status=\"304\"}"), "{metrics}");
     assert!(metrics.contains("valve_workers_max{app=\"docs\"} 0"), "{metrics}");
@@ -237,7 +238,7 @@ async fn a_static_folder_in_a_site_is_served_by_valve_beside_an_api_and_a_shiny_
     // its start-up may make a new browser's page start another), none runs
     // in the folder.
     let fresh: serde_json::Value =
-        client().get(valve.admin("/__valve__/status")).send().await.unwrap().json().await.unwrap();
+        valve.admin_client().get(valve.admin("/__valve__/status")).send().await.unwrap().json().await.unwrap();
     let r_apps: Vec<u64> = fresh["apps"]
         .as_array()
         .unwrap()
@@ -323,7 +324,7 @@ async fn a_reload_adds_and_removes_a_static_app_and_its_edits_need_none() {
     let workers = valve.r_processes();
     assert_eq!(get(&valve.get("/manual/"), &[]).await.status(), 404);
     let reload = || async {
-        let resp = client().post(valve.admin("/__valve__/reload")).send().await.unwrap();
+        let resp = valve.admin_client().post(valve.admin("/__valve__/reload")).send().await.unwrap();
         assert_eq!(resp.status(), 200);
         resp.json::<serde_json::Value>().await.unwrap()
     };

@@ -204,7 +204,7 @@ fn parts(traceparent: &str) -> (String, String, String) {
 }
 
 async fn metric(valve: &Valve, sample: &str) -> f64 {
-    let text = client().get(valve.admin("/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
+    let text = valve.admin_client().get(valve.admin("/__valve__/metrics")).send().await.unwrap().text().await.unwrap();
     text.lines().find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
 }
 

@@ -199,7 +199,26 @@ async fn create(
     let configured = p.reloader.apps.configs();
     let configured: Vec<AppConfig> = configured.into_iter().filter(|a| !published.contains(&a.name)).collect();
     let taken = |name: &str| clash(name, &configured).map(|with| clash_reason(name, with));
-    let mut record = p.writing(|s| store::create(s, &name, &title, key, taken))?;
+    // A name given a uid before (published and removed, or a configured app
+    // gone): its uid stays with the files it owned, and the new app gets a
+    // fresh one, and so an empty home.
+    let uids = crate::config::UidStore::of_site(&p.reloader.started().server.state_dir, Some(&p.settings.dir), true);
+    let mut record = p.writing(|s| {
+        let record = store::create(s, &name, &title, key, taken)?;
+        match uids.retire(&name) {
+            Ok(Some(uid)) => tracing::info!(target: "valve::publish", key, app = %name, old_uid = uid,
+                "a name that had a uid is published anew: its old uid is retired, the new app gets a fresh uid and an empty home"),
+            Ok(None) => {}
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(crate::config::publish::app_dir(&s.dir, &name));
+                return Err(Fail::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("cannot retire the uid {name:?} had before, so it was not created: {e}"),
+                ));
+            }
+        }
+        Ok(record)
+    })?;
     if p.modes == Modes::Group {
         let dir = crate::config::publish::app_dir(&p.settings.dir, &name);
         store::unlisted(&dir).map_err(|e| Fail::io(&format!("cannot make {} unlisted", dir.display()), e))?;
@@ -292,10 +311,16 @@ async fn upload(
     let n = p.writing(|s| store::next_version(s, &record.name))?;
     let (settings, name, key_name, path, modes) =
         (p.settings.clone(), record.name.clone(), key.to_string(), tmp.to_path_buf(), p.modes);
-    let unpacked =
-        tokio::task::spawn_blocking(move || store::unpack_version(&settings, &name, n, &path, &key_name, modes))
-            .await
-            .map_err(|e| Fail::new(StatusCode::INTERNAL_SERVER_ERROR, format!("the unpacking stopped: {e}")))?;
+    let packages = &p.reloader.started().server.packages;
+    let repos = crate::restore::plan::Repositories {
+        mapped: packages.repositories.clone(),
+        only_mapped: packages.repositories_only,
+    };
+    let unpacked = tokio::task::spawn_blocking(move || {
+        store::unpack_version(&settings, &name, n, &path, &key_name, modes, &repos)
+    })
+    .await
+    .map_err(|e| Fail::new(StatusCode::INTERNAL_SERVER_ERROR, format!("the unpacking stopped: {e}")))?;
     drop(tmp);
     let version = match unpacked {
         Ok(v) => v,

@@ -12,8 +12,28 @@ use serde_json::Value;
 /// The longest a call may take (an activation waits for the new version's workers).
 const LIMIT: Duration = Duration::from_secs(600);
 
+/// Where valve's admin pages are and the operator token they take.
+pub struct AdminAt {
+    pub url: String,
+    pub token: String,
+}
+
+impl AdminAt {
+    /// The admin address `url`, with the operator token in `token_file`: the
+    /// error names the file and what to do.
+    pub fn new(url: String, token_file: &std::path::Path) -> Result<AdminAt, String> {
+        let token = std::fs::read_to_string(token_file).map_err(|e| {
+            format!(
+                "cannot read valve's operator token {}: {e} (run this as valve's user or root, with the --state-dir or --admin-token-file valve runs with)",
+                token_file.display()
+            )
+        })?;
+        Ok(AdminAt { url, token: token.trim().to_string() })
+    }
+}
+
 /// `valve versions APP`: the versions kept, the active one marked.
-pub async fn versions(admin: &str, app: &str) -> Result<String, String> {
+pub async fn versions(admin: &AdminAt, app: &str) -> Result<String, String> {
     let v = call(admin, http::Method::GET, &format!("/__valve__/published/{app}/versions"), None).await?;
     let mut out = format!(
         "{} at {} (keeps {} versions{})\n",
@@ -43,7 +63,7 @@ pub async fn versions(admin: &str, app: &str) -> Result<String, String> {
 }
 
 /// `valve activate APP N`: the deployment's log, then what it did.
-pub async fn activate(admin: &str, app: &str, version: u32) -> Result<String, String> {
+pub async fn activate(admin: &AdminAt, app: &str, version: u32) -> Result<String, String> {
     let body = serde_json::json!({ "version": version });
     let (status, v) =
         call_raw(admin, http::Method::POST, &format!("/__valve__/published/{app}/activate"), Some(body)).await?;
@@ -59,7 +79,7 @@ pub async fn activate(admin: &str, app: &str, version: u32) -> Result<String, St
 
 /// `valve access APP --users ... --groups ... | --open`.
 pub async fn access(
-    admin: &str,
+    admin: &AdminAt,
     app: &str,
     users: Option<Vec<String>>,
     groups: Option<Vec<String>>,
@@ -78,7 +98,7 @@ pub async fn access(
 }
 
 /// `valve packages [--prune]`: the package cache, or what a prune removed.
-pub async fn packages(admin: &str, prune: bool) -> Result<String, String> {
+pub async fn packages(admin: &AdminAt, prune: bool) -> Result<String, String> {
     let mb = |b: &Value| format!("{:.1} MB", b.as_f64().unwrap_or(0.0) / 1e6);
     if prune {
         let v = call(admin, http::Method::POST, "/__valve__/packages/prune", None).await?;
@@ -118,7 +138,7 @@ pub async fn packages(admin: &str, prune: bool) -> Result<String, String> {
 }
 
 /// One call; a status other than 2xx is an error carrying valve's message.
-async fn call(admin: &str, method: http::Method, path: &str, body: Option<Value>) -> Result<Value, String> {
+async fn call(admin: &AdminAt, method: http::Method, path: &str, body: Option<Value>) -> Result<Value, String> {
     let (status, v) = call_raw(admin, method, path, body).await?;
     if (200..300).contains(&status) {
         return Ok(v);
@@ -126,14 +146,20 @@ async fn call(admin: &str, method: http::Method, path: &str, body: Option<Value>
     Err(v["error"].as_str().map(str::to_string).unwrap_or_else(|| format!("valve answered {status}: {v}")))
 }
 
-async fn call_raw(admin: &str, method: http::Method, path: &str, body: Option<Value>) -> Result<(u16, Value), String> {
+async fn call_raw(
+    admin: &AdminAt,
+    method: http::Method,
+    path: &str,
+    body: Option<Value>,
+) -> Result<(u16, Value), String> {
     match tokio::time::timeout(LIMIT, ask(admin, method, path, body)).await {
         Ok(r) => r,
-        Err(_) => Err(format!("{admin} did not answer within {}s", LIMIT.as_secs())),
+        Err(_) => Err(format!("{} did not answer within {}s", admin.url, LIMIT.as_secs())),
     }
 }
 
-async fn ask(admin: &str, method: http::Method, path: &str, body: Option<Value>) -> Result<(u16, Value), String> {
+async fn ask(at: &AdminAt, method: http::Method, path: &str, body: Option<Value>) -> Result<(u16, Value), String> {
+    let admin = at.url.as_str();
     let uri: http::Uri = admin.parse().map_err(|e| {
         format!("{admin:?} is not a URL ({e}): pass valve's admin address, such as http://127.0.0.1:9090")
     })?;
@@ -154,6 +180,7 @@ async fn ask(admin: &str, method: http::Method, path: &str, body: Option<Value>)
         .uri(path)
         .header(http::header::HOST, uri.authority().map(|a| a.as_str()).unwrap_or(host))
         .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::AUTHORIZATION, format!("Bearer {}", at.token))
         .body(Full::new(bytes::Bytes::from(bytes)))
         .map_err(|e| e.to_string())?;
     let resp = sender.send_request(req).await.map_err(|e| format!("{admin}: {e}"))?;

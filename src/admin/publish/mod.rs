@@ -35,7 +35,7 @@ use hyper::body::Incoming;
 
 #[cfg(test)]
 pub(crate) use publisher::metrics as published_metrics;
-use publisher::PAGES;
+pub use publisher::PAGES;
 pub use publisher::{Publisher, Summary};
 
 use crate::http::reply::{error, ReplyBody};
@@ -43,17 +43,19 @@ use crate::http::reply::{error, ReplyBody};
 impl Publisher {
     /// Whether a path is publishing's: the API, or (on the admin listener)
     /// valve's own pages of published apps.
-    pub fn wants(path: &str, admin: bool) -> bool {
-        path == "/__api__" || path.starts_with("/__api__/") || (admin && path.starts_with(PAGES))
+    pub fn wants(path: &str, _admin: bool) -> bool {
+        path == "/__api__" || path.starts_with("/__api__/")
     }
 
-    /// Answers a request for which `wants` holds. `admin`: it came to the
-    /// admin listener (not `publish_addr`).
-    pub async fn handle(self: Arc<Self>, req: Request<Incoming>, admin: bool) -> Response<ReplyBody> {
+    /// valve's own pages of published apps (`/__valve__/published/`), for
+    /// a caller the admin pages know.
+    pub async fn pages(self: Arc<Self>, req: Request<Incoming>, who: &crate::admin::auth::Who) -> Response<ReplyBody> {
+        pages::handle(&self, req, who).await
+    }
+
+    /// Answers a request for which `wants` holds (the publishing API, behind its keys).
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>, _admin: bool) -> Response<ReplyBody> {
         let path = req.uri().path().to_string();
-        if admin && path.starts_with(PAGES) {
-            return pages::handle(&self, req).await;
-        }
         let method = req.method().clone();
         let Some(caller) = self.key_of(req.headers()) else {
             tracing::info!(target: "valve::publish", key = "-", method = %method, path = %path, status = 401,

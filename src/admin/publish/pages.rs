@@ -1,7 +1,7 @@
-//! valve's own pages of published apps, on the admin listener only (no key:
-//! the admin address is valve's operators'), which the `valve versions`,
-//! `activate` and `access` subcommands use; and the published apps' lines
-//! of `/__valve__/metrics`.
+//! valve's own pages of published apps, on the admin listener only, which
+//! the `valve versions`, `activate` and `access` subcommands use. The admin
+//! pages have decided who calls (`admin::auth`): an operator acts on every
+//! published app, a publishing key on its own.
 
 use std::sync::Arc;
 
@@ -13,6 +13,7 @@ use super::deploy;
 use super::publisher::Publisher;
 use super::store::{self, rfc3339, Fail};
 use super::wire::{failed, json, json_body, lists};
+use crate::admin::auth::Who;
 use crate::http::reply::ReplyBody;
 
 /// Where these pages live.
@@ -21,14 +22,18 @@ pub const PREFIX: &str = super::publisher::PAGES;
 /// The key name deployments started here are recorded under.
 pub const ADMIN: &str = "admin";
 
-pub(super) async fn handle(p: &Arc<Publisher>, req: Request<Incoming>) -> Response<ReplyBody> {
+pub(crate) async fn handle(p: &Arc<Publisher>, req: Request<Incoming>, who: &Who) -> Response<ReplyBody> {
     let rest = req.uri().path().trim_start_matches(PREFIX).trim_end_matches('/').to_string();
     let parts: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
     let method = req.method().clone();
     let result = match (&method, parts.as_slice()) {
-        (&Method::GET, []) => apps(p),
+        (&Method::GET, []) => apps(p, who),
+        (_, [name, ..]) if !owned(p, name, who) => Err(Fail::new(
+            StatusCode::FORBIDDEN,
+            format!("the published app {name:?} is not {}'s: only its owner's key or an operator may see or change it", who.label()),
+        )),
         (&Method::GET, [name] | [name, "versions"]) => versions(p, name),
-        (&Method::POST, [name, "activate"]) => activate(p, req, name).await,
+        (&Method::POST, [name, "activate"]) => activate(p, req, name, who).await,
         (&Method::POST, [name, "access"]) => access(p, req, name).await,
         _ => Err(Fail::new(
             StatusCode::NOT_FOUND,
@@ -36,19 +41,26 @@ pub(super) async fn handle(p: &Arc<Publisher>, req: Request<Incoming>) -> Respon
         )),
     };
     let resp = result.unwrap_or_else(failed);
-    tracing::info!(target: "valve::publish", key = ADMIN, method = %method, path = %req_path(&rest),
+    tracing::info!(target: "valve::publish", key = %who.label(), method = %method, path = %req_path(&rest),
         status = resp.status().as_u16(), "publishing call");
     resp
+}
+
+/// Whether `who` may see and change published app `name` (one that does
+/// not exist is said to be missing by the call itself, to an operator).
+fn owned(p: &Publisher, name: &str, who: &Who) -> bool {
+    who.is_operator() || p.locked(|s| store::by_name(s, name)).is_ok_and(|r| who.owns(r.owner.as_deref()))
 }
 
 fn req_path(rest: &str) -> String {
     format!("{PREFIX}{rest}")
 }
 
-fn apps(p: &Publisher) -> Result<Response<ReplyBody>, Fail> {
+fn apps(p: &Publisher, who: &Who) -> Result<Response<ReplyBody>, Fail> {
     let list: Vec<serde_json::Value> = p
         .locked(store::all)?
         .iter()
+        .filter(|r| who.owns(r.owner.as_deref()))
         .map(|r| {
             j!({ "name": r.name, "url": p.app_url(&r.name), "active": r.active,
                       "versions": r.versions.iter().map(|v| v.version).collect::<Vec<_>>() })
@@ -86,7 +98,12 @@ fn versions(p: &Publisher, name: &str) -> Result<Response<ReplyBody>, Fail> {
 }
 
 /// Activates a kept version: a deployment (packages checked, a reload), waited for.
-async fn activate(p: &Arc<Publisher>, req: Request<Incoming>, name: &str) -> Result<Response<ReplyBody>, Fail> {
+async fn activate(
+    p: &Arc<Publisher>,
+    req: Request<Incoming>,
+    name: &str,
+    who: &Who,
+) -> Result<Response<ReplyBody>, Fail> {
     let record = p.locked(|s| store::by_name(s, name))?;
     let body = json_body(req).await?;
     let version = body["version"].as_u64().map(|n| n as u32).ok_or_else(|| {
@@ -102,7 +119,11 @@ async fn activate(p: &Arc<Publisher>, req: Request<Incoming>, name: &str) -> Res
         ));
     }
     let task = p.tasks.start(name);
-    deploy::run(p.clone(), task.clone(), name.to_string(), version, ADMIN.to_string()).await;
+    let by = match who {
+        Who::Publisher(key) => key.clone(),
+        Who::Operator(_) => ADMIN.to_string(),
+    };
+    deploy::run(p.clone(), task.clone(), name.to_string(), version, by).await;
     let page = task.page(0, std::time::Duration::ZERO).await;
     let status = if page.code == 0 { StatusCode::OK } else { StatusCode::CONFLICT };
     Ok(json(

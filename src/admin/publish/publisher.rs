@@ -55,6 +55,26 @@ pub struct Publisher {
     pub(super) deployments: Mutex<BTreeMap<(String, bool), u64>>,
 }
 
+/// Every published app's record (`app.json`) valve's alone (0600: an
+/// older valve wrote them readable by all).
+fn private_records(settings: &Publishing) {
+    use std::os::unix::fs::PermissionsExt;
+    for record in store::all(settings).unwrap_or_default() {
+        let path = crate::config::publish::app_dir(&settings.dir, &record.name).join(crate::config::publish::RECORD);
+        let private = std::fs::symlink_metadata(&path).map(|m| m.is_file()).and_then(|file| {
+            if file {
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = private {
+            tracing::warn!(target: "valve::publish", path = %path.display(), error = %e,
+                "cannot make a published app's record valve's alone");
+        }
+    }
+}
+
 /// With apps that run as users of their own: the publish folder and each
 /// app's folder 0711 (passable, not listable), and every kept version given
 /// to its app's group (versions unpacked before valve did so were readable
@@ -114,6 +134,8 @@ pub fn may_change(caller: &Caller, record: &crate::config::publish::AppRecord) -
 /// What the status page and metrics say of a published app.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Summary {
+    /// The key that published it (its owner).
+    pub owner: Option<String>,
     pub version: Option<u32>,
     pub versions: Vec<u32>,
     pub activated: Option<u64>,
@@ -134,6 +156,7 @@ impl Publisher {
         if modes == Modes::Group {
             lock_down(&settings, &started.apps);
         }
+        private_records(&settings);
         let tasks = Tasks::shared_in(settings.dir.join(TASKS));
         let p = Arc::new(Publisher {
             settings,
@@ -192,7 +215,11 @@ impl Publisher {
         if !scheme.eq_ignore_ascii_case("key") {
             return None;
         }
-        let key = key.trim();
+        self.key(key.trim())
+    }
+
+    /// The key `key` is, if the keys file (read again if it changed) holds it.
+    pub fn key(&self, key: &str) -> Option<Caller> {
         let mut cached = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         let modified = std::fs::metadata(&self.settings.keys_file).and_then(|m| m.modified()).ok();
         if modified.is_some() && modified != cached.0 {
@@ -253,6 +280,7 @@ impl Publisher {
                 (
                     r.name.clone(),
                     Summary {
+                        owner: r.owner.clone(),
                         version: r.active,
                         versions: r.versions.iter().map(|v| v.version).collect(),
                         activated: current.and_then(|v| v.activated),
@@ -262,6 +290,12 @@ impl Publisher {
             })
             .collect();
         *self.summary.lock().unwrap_or_else(|p| p.into_inner()) = summary;
+    }
+
+    /// The key that owns published app `name` (`None`: not a published app,
+    /// or one published before valve recorded owners: an operator's).
+    pub fn owner_of(&self, name: &str) -> Option<String> {
+        self.summary.lock().unwrap_or_else(|p| p.into_inner()).get(name).and_then(|s| s.owner.clone())
     }
 
     /// What the status page says of app `name`, if it is a published one.
@@ -355,6 +389,7 @@ mod tests {
         summary.insert(
             "api".to_string(),
             Summary {
+                owner: Some("ci".into()),
                 version: Some(3),
                 versions: vec![2, 3],
                 activated: Some(1_700_000_000),

@@ -157,6 +157,7 @@ pub fn unpack_version(
     tarball: &Path,
     key: &str,
     modes: Modes,
+    repos: &crate::restore::plan::Repositories,
 ) -> Result<VersionRecord, Fail> {
     let dir = app_dir(&p.dir, name);
     let partial = dir.join(format!(".v{n}.partial"));
@@ -171,6 +172,11 @@ pub fn unpack_version(
     let unpacked = unpack::unpack(tarball, &partial, limits, modes).map_err(|e| refused(e.to_string()))?;
     let checked = manifest(&partial).and_then(|(appmode, packages)| {
         let source = bundle_source(&partial, &appmode)?;
+        // What the bundle names of packages: every name, version and
+        // repository checked now, before anything uses them.
+        if let Some(lock) = crate::restore::lock::read(&partial).map_err(|e| strip_dir(&e, &partial))? {
+            repos.check_client_urls(&lock)?;
+        }
         Ok((appmode, packages, source.kind().to_string()))
     });
     let (appmode, packages, kind) = match checked {
@@ -197,6 +203,12 @@ pub fn unpack_version(
         activated: None,
         activated_by: None,
     })
+}
+
+/// A message about a file of the unpacked bundle, naming it as the bundle
+/// does (`manifest.json`, not the folder valve unpacked it in).
+fn strip_dir(message: &str, dir: &Path) -> String {
+    message.replace(&format!("{}/", dir.display()), "")
 }
 
 /// Gives the tree at `dir` (an unpacked version) to root and group `gid`:
@@ -427,7 +439,7 @@ mod tests {
             let n = next_version(&p, "sales").unwrap();
             assert_eq!(n, round);
             let b = bundle(&[("manifest.json", MANIFEST), ("plumber.R", "#* @get /\nfunction() 1\n")]);
-            let v = unpack_version(&p, "sales", n, b.path(), "alice", Modes::Open).unwrap();
+            let v = unpack_version(&p, "sales", n, b.path(), "alice", Modes::Open, &Default::default()).unwrap();
             assert_eq!((v.appmode.as_str(), v.kind.as_str(), v.files), ("api", "plumber-dir", 2));
             assert_eq!(v.packages, [("plumber".to_string(), "1.2.1".to_string())]);
             add_version(&p, "sales", v).unwrap();
@@ -453,9 +465,40 @@ mod tests {
             (vec![("plumber.R", "1")], "no manifest.json"),
             (vec![("manifest.json", r#"{"metadata": {"appmode": "shiny"}}"#), ("plumber.R", "1")], "app.R or server.R"),
             (vec![("manifest.json", "{")], "not JSON"),
+            (
+                vec![
+                    (
+                        "manifest.json",
+                        r#"{"metadata": {"appmode": "api"}, "packages": {"../../../../tmp/x/pwn": {"Source": "CRAN", "description": {"Version": "1.0"}}}}"#,
+                    ),
+                    ("plumber.R", "1"),
+                ],
+                "manifest.json: the package name \"../../../../tmp/x/pwn\" is refused",
+            ),
+            (
+                vec![
+                    (
+                        "manifest.json",
+                        r#"{"metadata": {"appmode": "api"}, "packages": {"R6": {"Source": "CRAN", "description": {"Version": "2.5.1a"}}}}"#,
+                    ),
+                    ("plumber.R", "1"),
+                ],
+                "R6 has the version \"2.5.1a\"",
+            ),
+            (
+                vec![
+                    (
+                        "manifest.json",
+                        r#"{"metadata": {"appmode": "api"}, "packages": {"R6": {"Source": "CRAN", "Repository": "file:///root", "description": {"Version": "2.5.1"}}}}"#,
+                    ),
+                    ("plumber.R", "1"),
+                ],
+                "the package R6 comes from the repository CRAN at \"file:///root\", which is refused",
+            ),
         ] {
             let n = next_version(&p, "api").unwrap();
-            let e = unpack_version(&p, "api", n, bundle(&files).path(), "alice", Modes::Open).unwrap_err();
+            let e = unpack_version(&p, "api", n, bundle(&files).path(), "alice", Modes::Open, &Default::default())
+                .unwrap_err();
             assert!(e.message.starts_with("the bundle was refused: ") && e.message.contains(why), "{}", e.message);
             let left: Vec<_> =
                 std::fs::read_dir(app_dir(d.path(), "api")).unwrap().flatten().map(|e| e.file_name()).collect();

@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -126,9 +127,12 @@ impl Task {
     /// kept here only: the client of this valve still reads it all).
     fn append(&self, entry: &serde_json::Value) {
         let Some(file) = &self.file else { return };
+        // valve's alone (0600): read through the API by the app's owner and admin keys only.
         let written = std::fs::OpenOptions::new()
             .append(true)
             .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(file)
             .and_then(|mut f| f.write_all(format!("{entry}\n").as_bytes()));
         if let Err(e) = written {
@@ -159,6 +163,18 @@ fn read_shared(file: &Path, first: usize) -> Option<(String, Page)> {
     Some((app, page))
 }
 
+/// Makes every log already in `dir` valve's alone (0600: an older valve
+/// wrote them readable by all), following no link.
+fn private_logs(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_file()) {
+            std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o600))?;
+        }
+    }
+    Ok(())
+}
+
 /// Every task kept, by id.
 #[derive(Default)]
 pub struct Tasks {
@@ -179,7 +195,12 @@ fn new_id() -> u64 {
 impl Tasks {
     /// Tasks whose logs are shared in `dir` (made if missing).
     pub fn shared_in(dir: PathBuf) -> Tasks {
-        if let Err(e) = std::fs::create_dir_all(&dir) {
+        use std::os::unix::fs::PermissionsExt;
+        // valve's alone (0700): no app's user lists or reads a deployment's log.
+        let made = std::fs::create_dir_all(&dir)
+            .and_then(|_| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)))
+            .and_then(|_| private_logs(&dir));
+        if let Err(e) = made {
             tracing::warn!(target: "valve::publish", dir = %dir.display(), error = %e,
                 "cannot make the folder where deployments' logs are shared; other valves will not read them");
         }

@@ -106,6 +106,27 @@ impl Cx<'_> {
         }
     }
 
+    /// `admin_token_file`, `admin_users` and `admin_groups` (lists of names).
+    pub(super) fn admin_access(&mut self, base: &std::path::Path) -> Option<crate::config::model::AdminAccess> {
+        let a = self.args;
+        let token_file = match self.pick("admin_token_file", None) {
+            Some(v) => match v.get_ref().as_str() {
+                Some(s) if !s.is_empty() => Some(base.join(s)),
+                _ => return self.refuse(v, format!("admin_token_file = {}: must be a path (a string)", v.get_ref())),
+            },
+            None => a.admin_token_file.clone(),
+        };
+        let list = |cx: &mut Self, key: &str, flag: &str| -> Option<Vec<String>> {
+            match cx.pick(key, None) {
+                Some(v) => cx.names(Some(v)).map(Option::unwrap_or_default),
+                None => Some(crate::config::flags::split_list(flag)),
+            }
+        };
+        let users = list(self, "admin_users", &a.admin_users.clone());
+        let groups = list(self, "admin_groups", &a.admin_groups.clone());
+        Some(crate::config::model::AdminAccess { token_file, users: users?, groups: groups? })
+    }
+
     fn refuse<T>(&mut self, v: &Val, message: String) -> Option<T> {
         self.at(v.span(), message);
         None

@@ -114,6 +114,7 @@ impl Cx<'_> {
         let log_buffer = self.log_buffer(t);
         Some(
             AppConfig {
+                instance: None,
                 name: name?,
                 prefix: prefix?,
                 hostname,

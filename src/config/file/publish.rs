@@ -79,7 +79,8 @@ impl Cx<'_> {
                     table.insert(key.into(), value(toml::Value::Array(list)));
                 }
             }
-            if let Some(app) = self.app(apps.len(), &Spanned::new(0..0, table), base, 2) {
+            if let Some(mut app) = self.app(apps.len(), &Spanned::new(0..0, table), base, 2) {
+                app.instance = Some(one.guid.clone());
                 apps.push(app);
             }
         }

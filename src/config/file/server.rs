@@ -136,6 +136,7 @@ impl Cx<'_> {
         let otlp = self.otlp();
         let packages = self.package_settings(base, &state_dir);
         let tls = self.tls(base, &state_dir, port);
+        let admin_access = self.admin_access(base);
         Some(Server {
             host,
             port,
@@ -157,7 +158,9 @@ impl Cx<'_> {
             private_paths: vec![config_file, state_dir.clone()],
             state_dir,
             isolation: isolation?,
+            admin_access: admin_access?,
             valve_uid: a.kernel.uid,
+            builder_uids: Vec::new(),
             usage_log: usage_log?,
             usage_anonymize: usage_anonymize?,
             warm_parent: warm_parent?,

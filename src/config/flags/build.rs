@@ -147,7 +147,8 @@ impl Args {
         let publish_dir = config.server.publish.as_ref().map(|p| p.dir.as_path());
         let store = Store::of_site(&config.server.state_dir, publish_dir, !self.check);
         let published = PublishedCheck { dir: config.server.publish.as_ref().map(|p| p.dir.as_path()), checked };
-        let settled = settle(&mut config.apps, &self.kernel, range, &store, published);
+        let settled = settle(&mut config.apps, &self.kernel, range, &store, published, config.server.packages.builds);
+        config.server.builder_uids = settled.builders;
         // Settled again with the published apps: what the first time said stays, once.
         for (said, to) in
             [(settled.said.notes, &mut config.uids.notes), (settled.said.warnings, &mut config.uids.warnings)]
@@ -176,6 +177,7 @@ impl Args {
     fn app(&self, name: String, prefix: String, source: AppSource, preload: bool) -> Result<AppConfig, ConfigError> {
         let request_timeout = parse_seconds("--request-timeout", &self.request_timeout, true)?;
         Ok(AppConfig {
+            instance: None,
             name,
             prefix,
             hostname: None,
@@ -265,7 +267,13 @@ impl Args {
             },
             isolation: Isolation::decide(&self.kernel, IsolationSetting::parse(&self.isolation).unwrap_or_default())
                 .map_err(ConfigError::Isolation)?,
+            admin_access: crate::config::model::AdminAccess {
+                token_file: self.admin_token_file.clone(),
+                users: split_list(&self.admin_users),
+                groups: split_list(&self.admin_groups),
+            },
             valve_uid: self.kernel.uid,
+            builder_uids: Vec::new(),
             private_paths,
             usage_log: self.usage_log.clone(),
             usage_anonymize: self.usage_anonymize,
@@ -307,4 +315,9 @@ impl Args {
             },
         })
     }
+}
+
+/// A comma-separated list of names, blanks dropped.
+pub(in crate::config) fn split_list(list: &str) -> Vec<String> {
+    list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
 }

@@ -36,6 +36,8 @@ pub struct Candidate {
 /// A published app as a load reads it.
 #[derive(Clone, Debug)]
 pub struct Published {
+    /// Its record's guid (a name published anew has another).
+    pub guid: String,
     pub name: String,
     pub version: u32,
     pub source: AppSource,
@@ -61,6 +63,7 @@ pub fn published(p: &Publishing, candidate: Option<&Candidate>) -> Result<Vec<Pu
             ))
         })?;
         out.push(Published {
+            guid: record.guid.clone(),
             name: record.name.clone(),
             version,
             source,
@@ -131,7 +134,8 @@ pub(crate) fn add_published(
         if let Some(with) = clash(&one.name, &apps[..configured]) {
             return Err(clash_error(p, &one.name, with));
         }
-        let app = make(one.source, one.name.clone(), format!("/{}", one.name), one.allow)?;
+        let mut app = make(one.source, one.name.clone(), format!("/{}", one.name), one.allow)?;
+        app.instance = Some(one.guid);
         if !budget_given {
             *max_workers += app.n_max;
         }

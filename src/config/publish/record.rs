@@ -4,6 +4,7 @@
 //! config reads records on every load and reload; the publishing API writes
 //! them (whole, through a rename, so a reader never sees half a record).
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -136,8 +137,16 @@ pub fn write_record(app_dir: &Path, record: &AppRecord) -> std::io::Result<()> {
     let record = AppRecord { format: RECORD_FORMAT, ..record.clone() };
     let text = serde_json::to_string_pretty(&record).map_err(std::io::Error::other)?;
     let tmp = app_dir.join(format!(".{RECORD}.tmp"));
-    std::fs::write(&tmp, text)?;
-    std::fs::File::open(&tmp)?.sync_all()?;
+    let _ = std::fs::remove_file(&tmp);
+    // valve's alone (0600): no app's user reads another's record, or its own.
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    std::io::Write::write_all(&mut file, text.as_bytes())?;
+    file.sync_all()?;
     std::fs::rename(&tmp, app_dir.join(RECORD))
 }
 

@@ -148,15 +148,91 @@ pub fn private_tmp(run_dir: &Path, app: &str, account: Option<&Account>) -> io::
     Ok(dir)
 }
 
-/// `STATE/apps/NAME/home`: the app's home, kept across runs.
-pub fn private_home(state_dir: &Path, app: &str, account: Option<&Account>) -> io::Result<PathBuf> {
+/// `STATE/apps/NAME/home`: the app's home, kept across runs. It stays
+/// with its app: a published app's home is its record's (`instance`, its
+/// guid, in `STATE/apps/NAME/instance`), and one left by another (a name
+/// removed and published anew; a home of another uid's) is set aside as
+/// `.home-of-...` (never removed: its files are its owner's), and the app
+/// gets an empty one. Everything through handles, no link followed.
+pub fn private_home(
+    state_dir: &Path,
+    app: &str,
+    account: Option<&Account>,
+    instance: Option<&str>,
+) -> io::Result<PathBuf> {
     if !state_dir.exists() {
         ensure(state_dir, 0o711, None)?;
     }
     let apps = state_dir.join("apps");
     ensure(&apps, 0o711, None)?;
-    ensure(&apps.join(app), 0o711, None)?;
-    let home = apps.join(app).join("home");
-    ensure(&home, 0o700, account.and_then(owner))?;
+    let apps_fd = super::safe::open_dir(&apps).map_err(|e| named(&apps, e))?;
+    let dir = apps.join(app);
+    let fd = super::safe::valve_dir(&apps_fd, app, 0o711).map_err(|e| named(&dir, e))?;
+    let home = dir.join("home");
+    if let Some(id) = instance {
+        match read_marker(&fd) {
+            Some(m) if m == id => {}
+            Some(m) => {
+                set_home_aside(&fd, &format!(".home-of-{}", short(&m)), app)?;
+                write_marker(&fd, id).map_err(|e| named(&dir, e))?;
+            }
+            // A home made before valve marked them: its app's own.
+            None => write_marker(&fd, id).map_err(|e| named(&dir, e))?,
+        }
+    }
+    if let Some(acct) = account {
+        let me = rustix::process::geteuid().as_raw();
+        if let Ok(st) = rustix::fs::statat(&fd, "home", AtFlags::SYMLINK_NOFOLLOW) {
+            if st.st_uid != acct.uid && st.st_uid != me {
+                set_home_aside(&fd, &format!(".home-of-uid-{}", st.st_uid), app)?;
+            }
+        }
+    }
+    drop(super::safe::owned_dir(&fd, "home", 0o700, account.and_then(owner)).map_err(|e| named(&home, e))?);
     Ok(home)
+}
+
+const MARKER: &str = "instance";
+
+fn short(id: &str) -> String {
+    id.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(36).collect()
+}
+
+/// The app a home folder belongs to, as valve wrote it (never through a link).
+fn read_marker(dir: &OwnedFd) -> Option<String> {
+    let fd =
+        rustix::fs::openat(dir, MARKER, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty()).ok()?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::Read::take(std::fs::File::from(fd), 256), &mut text).ok()?;
+    Some(text.trim().to_string())
+}
+
+/// Records which app's the home in `dir` is (valve's own file, 0600, replaced whole).
+fn write_marker(dir: &OwnedFd, id: &str) -> io::Result<()> {
+    let tmp = format!(".{MARKER}.tmp");
+    let _ = rustix::fs::unlinkat(dir, tmp.as_str(), AtFlags::empty());
+    let fd = rustix::fs::openat(
+        dir,
+        tmp.as_str(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )?;
+    std::io::Write::write_all(&mut std::fs::File::from(fd), format!("{id}\n").as_bytes())?;
+    rustix::fs::renameat(dir, tmp.as_str(), dir, MARKER)?;
+    Ok(())
+}
+
+/// Moves `home` in `dir` aside to `aside` (a unique name), its files kept as they are.
+fn set_home_aside(dir: &OwnedFd, aside: &str, app: &str) -> io::Result<()> {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let aside = format!("{aside}-{nanos}");
+    match rustix::fs::renameat(dir, "home", dir, aside.as_str()) {
+        Ok(()) => {
+            tracing::warn!(app, aside = %aside,
+                "the app's home folder was another's (a name published anew, or another user's): set aside, the app gets an empty one");
+            Ok(())
+        }
+        Err(rustix::io::Errno::NOENT) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }

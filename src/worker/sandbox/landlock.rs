@@ -67,6 +67,9 @@ pub fn handled(abi: u32) -> (u64, u64) {
 pub enum Kind {
     Hide,
     Read,
+    /// Read, and write into files already there (valve's FIFOs in an app's
+    /// run folder): nothing made, removed, renamed or linked.
+    Fill,
     Write,
 }
 
@@ -83,11 +86,18 @@ pub struct Rules {
 /// written folder stays hidden). Folders are read from the file system on
 /// the way to each hidden path (valve reads them as itself, as the app would).
 pub fn plan(abi: u32, hide: &[PathBuf], read: &[PathBuf], write: &[PathBuf]) -> Rules {
+    plan_with(abi, hide, read, &[], write)
+}
+
+/// As `plan`, with `fill`: folders whose files may be written but in which
+/// nothing may be made, removed, renamed or linked.
+pub fn plan_with(abi: u32, hide: &[PathBuf], read: &[PathBuf], fill: &[PathBuf], write: &[PathBuf]) -> Rules {
     let (fs, scoped) = handled(abi);
     let canon = |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
     let hide: Vec<PathBuf> = hide.iter().map(canon).collect();
     let mut named: Vec<(PathBuf, Kind)> = vec![(PathBuf::from("/"), Kind::Read)];
     named.extend(read.iter().map(|p| (canon(p), Kind::Read)));
+    named.extend(fill.iter().map(|p| (canon(p), Kind::Fill)));
     named.extend(write.iter().map(|p| (canon(p), Kind::Write)));
     let mut out = Rules { fs, scoped, paths: Vec::new() };
     // The deepest name wins, and a path named to read or write wins over the
@@ -106,6 +116,7 @@ fn beside(path: &Path, kind: Kind, hide: &[PathBuf], fs: u64, out: &mut Vec<(Pat
     let rights = match kind {
         Kind::Hide => return,
         Kind::Read => READ & fs,
+        Kind::Fill => (READ | WRITE_FILE) & fs,
         Kind::Write => fs,
     };
     let inside: Vec<&PathBuf> = hide.iter().filter(|h| h.starts_with(path) && h.as_path() != path).collect();
@@ -177,14 +188,20 @@ impl Ruleset {
         let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
         for (path, rights) in &rules.paths {
             let c = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+            // The rule's own path, never through a link (the plan gave what
+            // a link leads to by its own path).
             // SAFETY: a NUL-terminated path.
-            let parent = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+            let parent = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
             if parent < 0 {
-                // Gone since the plan: nothing to give.
+                // Gone (or made a link) since the plan: nothing to give.
                 continue;
             }
             // SAFETY: just opened.
             let parent = unsafe { OwnedFd::from_raw_fd(parent) };
+            // O_PATH with O_NOFOLLOW opens a link itself: a link is given nothing.
+            if rustix::fs::fstat(&parent).is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_symlink()) {
+                continue;
+            }
             let rule = PathBeneath { allowed_access: *rights, parent_fd: parent.as_raw_fd() };
             // SAFETY: a valid rule struct for RULE_PATH_BENEATH.
             let r = unsafe {

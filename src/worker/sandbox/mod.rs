@@ -10,6 +10,7 @@
 //! home, its temporary folder, its run folder) owned by its user.
 
 mod as_user;
+pub mod build;
 mod dirs;
 mod enter;
 pub mod landlock;
@@ -56,6 +57,10 @@ impl Site {
             private.push(absolute(&p.dir));
             private.push(absolute(&p.keys_file));
         }
+        // Every other file valve is configured to read or write.
+        private.extend(configured_files(config).iter().map(|p| absolute(p)));
+        // Builds under way, and libraries on their way into the cache.
+        private.push(absolute(&config.server.packages.cache_dir.join("tmp")));
         Site {
             isolation: config.server.isolation,
             state_dir: absolute(&config.server.state_dir),
@@ -64,6 +69,33 @@ impl Site {
             packages: absolute(&config.server.packages.cache_dir),
         }
     }
+}
+
+/// The files and folders valve reads or writes because its settings name
+/// them (certificates and keys, the ACME folder and its authority's roots,
+/// the usage log and its key): hidden from every app, whatever the level.
+pub fn configured_files(config: &Config) -> Vec<PathBuf> {
+    use crate::config::tls::{AdminTls, CertSource};
+    let mut out = Vec::new();
+    if let Some(tls) = &config.server.tls {
+        match &tls.certs {
+            CertSource::Files { cert, key } => out.extend([cert.clone(), key.clone()]),
+            CertSource::Acme(acme) => {
+                out.push(acme.dir.clone());
+                out.extend(acme.ca.clone());
+            }
+        }
+        if let AdminTls::Own { cert, key } = &tls.admin {
+            out.extend([cert.clone(), key.clone()]);
+        }
+    }
+    if let Some(log) = &config.server.usage_log {
+        out.push(log.clone());
+        let mut key = log.clone().into_os_string();
+        key.push(".key");
+        out.push(PathBuf::from(key));
+    }
+    out
 }
 
 /// Everything a worker of one app is, sees and may take.
@@ -122,7 +154,7 @@ impl Sandbox {
         let tmp = dirs::private_tmp(run_dir, &app.name, owner)?;
         let home = match &account.home {
             Some(h) => h.clone(),
-            None => match dirs::private_home(&site.state_dir, &app.name, owner) {
+            None => match dirs::private_home(&site.state_dir, &app.name, owner, app.instance.as_deref()) {
                 Ok(h) => h,
                 // Without root, a state folder valve cannot write (a container's
                 // read-only root) costs the app a home that lasts, not its start.
@@ -236,7 +268,10 @@ impl Sandbox {
 /// An app's Landlock rules without root: everything read but what is
 /// hidden (as a private view hides it, and the shared temporary folders,
 /// valve's user's home but its R library); what a view shows, read; its
-/// folder, home, temporary and run folders and the terminal devices, written.
+/// folder, home, temporary folder, its run folder's `own/` (its sockets)
+/// and the terminal devices, written. Its run folder itself is valve's:
+/// the app may write into what valve made there (its FIFOs), never make,
+/// remove, rename or link an entry, so nothing it plants is ever read.
 fn landlock_rules(
     abi: u32,
     mut hide: Vec<PathBuf>,
@@ -252,9 +287,9 @@ fn landlock_rules(
         read.push(h.join("R"));
         hide.push(h);
     }
-    let mut write = vec![own.to_path_buf(), home.to_path_buf(), tmp.to_path_buf(), run.path().to_path_buf()];
+    let mut write = vec![own.to_path_buf(), home.to_path_buf(), tmp.to_path_buf(), run.own().to_path_buf()];
     write.extend(["/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/ptmx", "/dev/pts"].map(PathBuf::from));
-    landlock::plan(abi, &hide, &read, &write)
+    landlock::plan_with(abi, &hide, &read, &[run.path().to_path_buf()], &write)
 }
 
 /// Whether a variable of valve's environment reaches an isolated app's R:
@@ -270,11 +305,6 @@ pub fn inherited(name: &str) -> bool {
 /// Valve's variables a worker that inherits only what is allowed keeps.
 pub fn allowed_env() -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
     std::env::vars_os().filter(|(k, _)| k.to_str().is_some_and(inherited)).collect()
-}
-
-/// Valve's variables such a worker must not have (a warm fork unsets them).
-pub fn disallowed_env_names() -> Vec<String> {
-    std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()).filter(|k| !inherited(k)).collect()
 }
 
 /// `p` from the root: mounts and the worker's working directory need whole paths.

@@ -33,6 +33,14 @@
  * On failure it stops at once and says which line failed and the errno.
  * Nothing here allocates or depends on R: it is plain system calls.
  *
+ * valve_open_env() opens the file valve wrote a fork's environment to, as
+ * a handle: never through a link (O_NOFOLLOW), only a regular file of
+ * valve's own uid with one name; it removes the name at once.
+ *
+ * valve_tempdir() gives a fork an R temporary folder of its own in its
+ * TMPDIR (R's own, as R makes one at start): the parent's is not in the
+ * app's view, or is the parent's.
+ *
  * valve_lifeline() is the death signal of a fork: a fork's parent is an R
  * process, not valve, and a change of user clears a death signal anyway. A
  * thread of its own (which never touches R) waits on the read end of a pipe
@@ -120,9 +128,15 @@ static int open_fifo(const char *path) {
   const char *lf = getenv("VALVE_LIFELINE");
   int lifeline = lf ? atoi(lf) : -1;
   for (int waited = 0; waited < 30000; waited += 50) {
-    int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    int fd = open(path, O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
     if (fd >= 0) {
+      struct stat st;
       int flags = fcntl(fd, F_GETFL);
+      if (fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode)) {
+        close(fd);
+        errno = EINVAL; /* valve made a FIFO there: anything else is not its */
+        return -1;
+      }
       if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0) {
         int e = errno;
         close(fd);
@@ -163,8 +177,11 @@ static int step(const char *line, int *clones, int *ruleset) {
     struct valve_path_beneath rule;
     rule.allowed_access = strtoull(a, &path, 10);
     if (*ruleset < 0 || *path != ' ') { errno = EINVAL; return -1; }
-    int fd = open(path + 1, O_PATH | O_CLOEXEC);
-    if (fd < 0) return errno == ENOENT ? 0 : -1; /* gone since valve planned: nothing to give */
+    /* The rule's own path, never through a link (valve planned it as it was). */
+    int fd = open(path + 1, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return (errno == ENOENT || errno == ELOOP) ? 0 : -1; /* gone or changed since valve planned */
+    struct stat st;
+    if (fstat(fd, &st) != 0 || S_ISLNK(st.st_mode)) { close(fd); return 0; } /* a link is given nothing */
     rule.parent_fd = fd;
     int r = (int)syscall(SYS_landlock_add_rule, *ruleset, 1 /* LANDLOCK_RULE_PATH_BENEATH */, &rule, 0);
     close(fd);
@@ -274,6 +291,40 @@ void valve_enter(char **lines, int *n, int *failed, int *error) {
   for (int i = 0; i < MAX_CLONES; i++)
     if (clones[i] >= 0) close(clones[i]);
   if (ruleset >= 0) close(ruleset);
+}
+
+/* R: .C("valve_open_env", path, uid, fd = -1L, errno = 0L) */
+void valve_open_env(char **path, int *uid, int *fd, int *error) {
+  struct stat st;
+  *fd = -1;
+  *error = 0;
+  int f = open(*path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (f < 0) {
+    *error = errno;
+    return;
+  }
+  if (fstat(f, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != (uid_t)*uid || st.st_nlink != 1) {
+    close(f);
+    *error = EPERM;
+    return;
+  }
+  unlink(*path);
+  *fd = f;
+}
+
+/* R: .C("valve_close", fd) */
+void valve_close(int *fd) {
+  if (*fd >= 0) close(*fd);
+}
+
+extern char *R_TempDir;
+extern void R_reInitTempDir(int die_on_fail);
+
+/* R: .C("valve_tempdir", ok = FALSE) */
+void valve_tempdir(int *ok) {
+  R_TempDir = NULL;
+  R_reInitTempDir(0);
+  *ok = R_TempDir != NULL;
 }
 
 static void *lifeline(void *arg) {

@@ -192,6 +192,10 @@ impl Zygote {
         std::fs::create_dir_all(&home)?;
         std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700))?;
         let mut cmd = Command::new(&self.recipe.r_bin);
+        // Of valve's environment only what any isolated worker may have: every
+        // fork inherits the parent's (a fork of an app that shares valve's
+        // environment is given the rest in its environment file).
+        cmd.env_clear().envs(super::sandbox::allowed_env());
         cmd.arg("--no-echo")
             .arg("--no-restore")
             .arg("--no-save")
@@ -247,9 +251,17 @@ impl Zygote {
         // Its output goes to its FIFO last, once it is the app's user (it
         // opens the FIFO as that user, write-only): until then it speaks on
         // the parent's output, by worker id (`Forks`).
+        // Under Landlock it opens it just before its ruleset: the ruleset
+        // lets it write into what valve made in its run folder, and make nothing there.
         let mut steps = spec.fork_steps();
-        steps.push(format!("stdio {}", fifo.display()));
-        let job = serde_json::json!({ "id": id, "fifo": fifo, "env_file": env_file, "steps": steps });
+        let stdio = format!("stdio {}", fifo.display());
+        match steps.iter().position(|l| l.starts_with("landlock ")) {
+            Some(at) => steps.insert(at, stdio),
+            None => steps.push(stdio),
+        }
+        let env_uid = rustix::process::geteuid().as_raw();
+        let job =
+            serde_json::json!({ "id": id, "fifo": fifo, "env_file": env_file, "env_uid": env_uid, "steps": steps });
         let line = format!("{job}\n");
         parent.forks.expect(id, fork.reports());
         if let Err(e) = parent.stdin.write_all(line.as_bytes()).await {
@@ -305,11 +317,19 @@ fn write_env(spec: &Spec, id: WorkerId, socket: &Path) -> io::Result<PathBuf> {
     }
     env.insert("VALVE_PID".into(), std::process::id().to_string());
     env.insert("VALVE_START_TIME".into(), own_start_time().unwrap_or_default());
+    let isolated = spec.isolated();
+    if !isolated {
+        // An app that shares valve's environment has it all, as a fresh R
+        // would: the parent started with only what isolated apps may have.
+        for (k, v) in std::env::vars() {
+            env.entry(k).or_insert(v);
+        }
+    }
     // What the parent set for itself alone, as a worker started fresh would
     // have it; of an app of its own user, only what `sandbox::inherited`
-    // allows of valve's environment (`env_removed`), and none of the parent's own.
-    let mut unset: Vec<String> = spec.env_removed();
-    let isolated = spec.isolated();
+    // allows of valve's environment (the parent has nothing else), and none
+    // of the parent's own.
+    let mut unset: Vec<String> = Vec::new();
     for key in ["R_ENVIRON_USER", "R_PROFILE_USER"] {
         match std::env::var(key) {
             Ok(v) => {
@@ -318,9 +338,7 @@ fn write_env(spec: &Spec, id: WorkerId, socket: &Path) -> io::Result<PathBuf> {
             Err(_) => unset.push(key.into()),
         }
     }
-    if isolated {
-        unset.extend(PARENT_OWN.iter().filter(|k| !env.contains_key(**k)).map(|k| k.to_string()));
-    }
+    unset.extend(PARENT_OWN.iter().filter(|k| !env.contains_key(**k)).map(|k| k.to_string()));
     unset.retain(|k| !env.contains_key(k));
     unset.sort();
     unset.dedup();

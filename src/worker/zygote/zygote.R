@@ -6,8 +6,10 @@
 # writes on stdin (one JSON object: a worker to start) it forks; the fork
 # becomes that app's worker:
 #
-#   1. it reads (and removes) the file valve wrote with its environment, and
-#      says its pid on the parent's output (`valve-fork ID pid PID`);
+#   1. it reads (and removes) the file valve wrote with its environment
+#      (through a handle: valve's own file, never a link), and says its pid
+#      on the parent's output (`valve-fork ID pid PID`; the parent says it
+#      too, as soon as it has forked);
 #   2. it enters the app's sandbox (valve_enter(), the C executor valve wrote
 #      beside this file: a mount namespace and the app's view, its working
 #      directory, memory limit (on top of the data it inherits beyond a bare
@@ -218,11 +220,20 @@ local({
     # Its environment: the app's variables, its frames token... from valve's
     # own file in the app's run folder (never through the parent), read and
     # removed while still root: the app's user cannot read it.
-    given <- tryCatch(jsonlite::fromJSON(job$env_file, simplifyVector = FALSE), error = function(e) {
+    # Opened as a handle (never through a link; valve's own file, one name)
+    # and removed at once.
+    opened <- .C("valve_open_env", as.character(job$env_file), as.integer(job$env_uid), fd = -1L, errno = 0L,
+                 PACKAGE = dll[["name"]])
+    if (opened$fd < 0L) {
+      report("failed opening its environment ", job$env_file, ": errno ", opened$errno)
+      parallel:::mcexit(7L)
+    }
+    given <- tryCatch(jsonlite::fromJSON(readLines(sprintf("/proc/self/fd/%d", opened$fd), warn = FALSE),
+                                         simplifyVector = FALSE), error = function(e) {
       report("failed reading its environment ", job$env_file, ": ", conditionMessage(e))
       parallel:::mcexit(7L)
     })
-    unlink(job$env_file)
+    invisible(.C("valve_close", opened$fd, PACKAGE = dll[["name"]]))
     report("pid ", Sys.getpid())
     compiler::enableJIT(jit_level)
     steps <- as.character(unlist(job$steps))
@@ -267,16 +278,11 @@ local({
     }
     for (name in unlist(given$unset)) Sys.unsetenv(name)
     if (length(given$env)) do.call(Sys.setenv, lapply(given$env, as.character))
-    # Its own temporary folder: the parent's is not in its view (R makes a
-    # new one), or is the parent's (then one of its own inside TMPDIR).
-    if (dir.exists(tempdir())) {
-      own_tmp <- tempfile("Rtmp", tmpdir = Sys.getenv("TMPDIR", "/tmp"))
-      dir.create(own_tmp, mode = "0700")
-      unlockBinding("tempdir", base)
-      assign("tempdir", function(check = FALSE) own_tmp, envir = base)
-      lockBinding("tempdir", base)
-    } else {
-      tempdir(check = TRUE)
+    # Its own temporary folder in its TMPDIR, R's own (what R's C code uses
+    # too): the parent's is not in its view, or is the parent's.
+    if (!.C("valve_tempdir", ok = FALSE, PACKAGE = dll[["name"]])$ok) {
+      cat("valve-fork-failed: making its temporary folder in ", Sys.getenv("TMPDIR"), "\n", sep = "")
+      exit_now(status = 7)
     }
     # A fresh individual before any of the app's own code runs (its .Rprofile
     # may draw): R seeds its generator from the time and pid on next use.
@@ -334,5 +340,9 @@ local({
       close(commands)
       become(job)
     }
+    # Said at once, by the parent: a fork that dies before it can say
+    # anything is noticed then, not at valve's start timeout.
+    cat("valve-fork ", as.character(job$id), " pid ", child$pid, "\n", sep = "")
+    flush(stdout())
   }
 })
