@@ -488,16 +488,21 @@ impl Args {
     pub fn parse_noting_given() -> Result<Args, clap::Error> {
         let cmd = Args::command();
         let mut matches = cmd.clone().try_get_matches()?;
+        // Read before the values are taken out of `matches` (which forgets
+        // where a value it no longer holds came from).
+        let explicit: BTreeSet<String> = cmd
+            .get_arguments()
+            .map(|arg| arg.get_id().as_str())
+            .filter(|id| {
+                matches!(
+                    matches.value_source(id),
+                    Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
+                )
+            })
+            .map(str::to_string)
+            .collect();
         let mut args = Args::from_arg_matches_mut(&mut matches)?;
-        for arg in cmd.get_arguments() {
-            let id = arg.get_id().as_str();
-            if matches!(
-                matches.value_source(id),
-                Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
-            ) {
-                args.explicit.insert(id.to_string());
-            }
-        }
+        args.explicit = explicit;
         Ok(args)
     }
 

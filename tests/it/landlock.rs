@@ -20,6 +20,17 @@ fn landlock_abi() -> i64 {
     unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, 1u32) }
 }
 
+/// Gives `dir` and everything in it to nobody (valve's user in these tests), following no link.
+pub(crate) fn give_to_nobody(dir: &Path) {
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        std::os::unix::fs::lchown(&d, Some(NOBODY), Some(NOBODY)).unwrap();
+        if std::fs::symlink_metadata(&d).is_ok_and(|m| m.is_dir()) {
+            todo.extend(std::fs::read_dir(&d).unwrap().flatten().map(|e| e.path()));
+        }
+    }
+}
+
 /// A site of two apps (alpha, beta) whose config and state only valve's user (nobody) reaches.
 fn site(extra: &str) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
     let dir = app_dir();

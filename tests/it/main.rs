@@ -2,8 +2,10 @@
 
 mod acme;
 mod admin;
+mod admin_auth;
 mod apps;
 mod asyncness;
+mod builds;
 mod cran;
 mod cut;
 mod deps;
@@ -19,6 +21,7 @@ mod isolation;
 mod landlock;
 mod layers;
 mod lifecycle;
+mod names;
 mod observe;
 mod packages;
 mod pebble;
