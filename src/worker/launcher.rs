@@ -205,7 +205,7 @@ impl WarmFork {
             )),
             // Gone before it could say a word on its own output (a crash in
             // its first steps): this worker starts as a fresh R, at once.
-            StartError::Exited { .. } if !self.fork.opened() => {
+            _ if !self.fork.opened() && !matches!(e, StartError::Timeout(..)) => {
                 Some(("the fork ended before it started (its last words are in the app's log)".into(), false))
             }
             _ => None,

@@ -49,9 +49,15 @@ async fn an_apps_r_reaching_the_admin_port_gets_401_for_everything_but_health_an
     let (admin, ann) = (valve.admin_url(), keys[0].1.clone());
     let guid = create(&admin, &ann, "notes").await;
     publish(&admin, &ann, &guid, crate::published::held_api(1)).await;
-    let (_, before) = call(&admin, &ann, Method::PATCH, &format!("/v1/content/{guid}"), Some(json!({
-        "allow_users": ["ann"]
-    })))
+    let (_, before) = call(
+        &admin,
+        &ann,
+        Method::PATCH,
+        &format!("/v1/content/{guid}"),
+        Some(json!({
+            "allow_users": ["ann"]
+        })),
+    )
     .await;
     assert_eq!(before["allow_users"], json!(["ann"]), "{before}");
     // The deployment's and the access change's own reloads are done (their log lines in).

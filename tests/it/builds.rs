@@ -108,8 +108,13 @@ async fn one_site(as_nobody: bool) {
 
     // B's app and a configured app get A's build from the cache: untouched.
     let bobs = create(&admin, &bob, "bob").await;
-    publish(&admin, &bob, &bobs, tarball(&[("manifest.json", &manifest(served.url(), true)), ("plumber.R", CHECK.as_bytes())]))
-        .await;
+    publish(
+        &admin,
+        &bob,
+        &bobs,
+        tarball(&[("manifest.json", &manifest(served.url(), true)), ("plumber.R", CHECK.as_bytes())]),
+    )
+    .await;
     let said = valve.log();
     assert!(said.contains("zeallot 0.1.0: installed from cache"), "B's app takes A's build: {said}");
     assert_eq!(check(&valve, "bob").await, json!({"version": "0.1.0", "tampered": false}));
@@ -121,7 +126,10 @@ async fn one_site(as_nobody: bool) {
         crate::landlock::give_to_nobody(w);
     }
     let mut text = std::fs::read_to_string(&config).unwrap();
-    text.push_str(&format!("\n[[app]]\nname = \"conf\"\npath = \"/conf\"\nfile = \"{}\"\n", conf.join("plumber.R").display()));
+    text.push_str(&format!(
+        "\n[[app]]\nname = \"conf\"\npath = \"/conf\"\nfile = \"{}\"\n",
+        conf.join("plumber.R").display()
+    ));
     std::fs::write(&config, text).unwrap();
     let reloaded = valve.admin_client().post(valve.admin("/__valve__/reload")).send().await.unwrap();
     assert_eq!(reloaded.status(), 200);

@@ -3,6 +3,7 @@
 mod acme;
 mod admin;
 mod admin_auth;
+mod apart;
 mod apps;
 mod asyncness;
 mod builds;

@@ -12,8 +12,8 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::harness::{as_root, client, fixture, need_r_packages, Valve};
-use crate::published::{create, site, upload};
 use crate::publish::tarball;
+use crate::published::{create, site, upload};
 
 /// A manifest naming one package `name` at `version` from repository `url`.
 fn manifest(name: &str, version: &str, url: &str) -> Vec<u8> {
@@ -63,7 +63,8 @@ async fn a_bundle_naming_a_package_by_a_path_a_bad_version_or_a_file_repository_
         ("R6", "../../2.5", cran, "the package R6 has the version \"../../2.5\"".into()),
         ("R6", "2.5.1", "file:///root", "from the repository CRAN at \"file:///root\", which is refused".into()),
     ] {
-        let bundle = tarball(&[("manifest.json", &manifest(name, version, url)), ("plumber.R", b"#* @get /\nfunction() 1\n")]);
+        let bundle =
+            tarball(&[("manifest.json", &manifest(name, version, url)), ("plumber.R", b"#* @get /\nfunction() 1\n")]);
         let (code, body) = upload(&admin, &ann, &guid, bundle).await;
         assert_eq!(code, 400, "{name:?} {version} {url}: {body}");
         let error = body["error"].as_str().unwrap();
@@ -75,7 +76,8 @@ async fn a_bundle_naming_a_package_by_a_path_a_bad_version_or_a_file_repository_
     assert!(files(&target).is_empty(), "nothing written where a name pointed: {:?}", files(&target));
     assert!(files(&cache).is_empty(), "nothing fetched or kept: {:?}", files(&cache));
     let app = dir.path().join("published/api");
-    let kept: Vec<String> = std::fs::read_dir(&app).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into()).collect();
+    let kept: Vec<String> =
+        std::fs::read_dir(&app).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into()).collect();
     assert_eq!(kept, ["app.json"], "no refused bundle is kept");
 }
 
@@ -108,8 +110,11 @@ async fn an_renv_lock_an_app_writes_into_its_own_folder_is_refused_at_reload_and
     std::fs::create_dir(&app).unwrap();
     std::fs::copy(fixture("attacker/plumber.R"), app.join("plumber.R")).unwrap();
     let config = work.path().join("valve.toml");
-    std::fs::write(&config, format!("[[app]]\nname = \"writer\"\nfile = \"{}\"\nn_max = 1\n", app.join("plumber.R").display()))
-        .unwrap();
+    std::fs::write(
+        &config,
+        format!("[[app]]\nname = \"writer\"\nfile = \"{}\"\nn_max = 1\n", app.join("plumber.R").display()),
+    )
+    .unwrap();
     let cache = work.path().join("cache");
     let valve = Valve::start(&["--config", config.to_str().unwrap(), "--package-cache", cache.to_str().unwrap()]);
     let me: Value = client().get(valve.get("/whoami")).send().await.unwrap().json().await.unwrap();
@@ -130,17 +135,13 @@ async fn an_renv_lock_an_app_writes_into_its_own_folder_is_refused_at_reload_and
     let escape = format!("../../../../../../../..{home}/stolen");
     for (lock, says) in [
         (renv_lock(&escape, "1.0", &format!("file://{home}/pkgs")), "is refused (it holds a slash)".to_string()),
-        (renv_lock("secretpkg", "1.0", &format!("file://{home}/pkgs")), format!("\"file://{home}/pkgs\", which is refused")),
+        (
+            renv_lock("secretpkg", "1.0", &format!("file://{home}/pkgs")),
+            format!("\"file://{home}/pkgs\", which is refused"),
+        ),
     ] {
-        let wrote: Value = client()
-            .post(valve.get("/write?path=renv.lock"))
-            .body(lock)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let wrote: Value =
+            client().post(valve.get("/write?path=renv.lock")).body(lock).send().await.unwrap().json().await.unwrap();
         assert_eq!(wrote["written"], "yes", "the app can write its own folder: {wrote}");
         let reloaded = valve.admin_client().post(valve.admin("/__valve__/reload")).send().await.unwrap();
         assert_eq!(reloaded.status(), 200);

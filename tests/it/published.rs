@@ -266,3 +266,63 @@ async fn without_a_private_view_an_app_cannot_read_another_apps_published_files(
     assert_eq!(read("alpha", "beta").await, (200, "[\"unreadable\"]".into()), "but not another's");
     assert_eq!(read("beta", "alpha").await, (200, "[\"unreadable\"]".into()));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_name_removed_and_published_by_another_key_gets_a_fresh_uid_and_an_empty_home() {
+    need_r_packages(&["plumber"]);
+    assert!(as_root(), "this test checks whom valve runs apps as: run the tests as root, as CI does");
+    let apps = "[[app]]\nname = \"docs\"\npath = \"/docs\"\nstatic = \"docs\"\n";
+    let (dir, keys) = site("n_max = 1", apps, &[("ann", ""), ("bob", "")]);
+    let config = dir.path().join("valve.toml");
+    let valve = Valve::start(&["--config", config.to_str().unwrap()]);
+    let (admin, ann, bob) = (valve.admin_url(), keys[0].1.clone(), keys[1].1.clone());
+    let attacker = std::fs::read(crate::harness::fixture("attacker/plumber.R")).unwrap();
+    let bundle = || tarball(&[("manifest.json", API), ("plumber.R", &attacker)]);
+    let uid_of = |valve: &Valve| {
+        let status = valve.status();
+        let app = status["apps"].as_array().unwrap().iter().find(|a| a["name"] == "notes").cloned().unwrap();
+        app["uid"].as_u64().unwrap()
+    };
+    let guid = create(&admin, &ann, "notes").await;
+    publish(&admin, &ann, &guid, bundle()).await;
+    let me: Value = client().get(valve.get("/notes/whoami")).send().await.unwrap().json().await.unwrap();
+    let home = me["home"].as_str().unwrap().to_string();
+    let wrote: Value = client()
+        .post(valve.get(&format!("/notes/write?path={home}/ann.txt")))
+        .body("ann's notes")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(wrote["written"], "yes", "{wrote}");
+    let ann_uid = uid_of(&valve);
+
+    // An operator removes the app; another key publishes the name anew.
+    std::fs::remove_dir_all(dir.path().join("published/notes")).unwrap();
+    let reloaded = valve.admin_client().post(valve.admin("/__valve__/reload")).send().await.unwrap();
+    assert_eq!(reloaded.status(), 200);
+    let guid = create(&admin, &bob, "notes").await;
+    publish(&admin, &bob, &guid, bundle()).await;
+    assert!(valve.log().contains("its old uid is retired"), "{}", valve.log());
+    let bob_uid = uid_of(&valve);
+    assert_ne!(bob_uid, ann_uid, "a fresh uid");
+    let me: Value = client().get(valve.get("/notes/whoami")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(me["uid"].as_u64(), Some(bob_uid));
+    let read: Value = client()
+        .get(valve.get(&format!("/notes/read?path={}/ann.txt", me["home"].as_str().unwrap())))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(read["text"].as_str().unwrap().starts_with("ERROR"), "bob's app reads ann's home: {read}");
+    let kept: Vec<String> = std::fs::read_dir(Path::new(&home).parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(kept.iter().any(|n| n.starts_with(".home-of-")), "ann's home is set aside, not removed: {kept:?}");
+}

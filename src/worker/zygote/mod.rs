@@ -214,6 +214,11 @@ impl Zygote {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
+        #[cfg(feature = "test-hooks")]
+        if let Some(file) = std::env::var_os("VALVE_HOOK_FORK_DIES") {
+            // A test's: a fork kills itself at once, before it says a word, while this file exists.
+            cmd.env("VALVE_HOOK_FORK_DIES", file);
+        }
         // No huge pages for it nor its forks (so no `glibc.malloc.hugetlb=1`
         // added to its tunables, as a fresh worker's are): `parent_of_forks`.
         let cmd = Launchable::dying_with_valve(cmd)?.parent_of_forks();
