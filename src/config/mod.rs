@@ -73,3 +73,10 @@ pub fn host_name() -> &'static str {
         std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
     })
 }
+
+/// A test's hook, `VALVE_HOOK_NAME` in valve's environment: read only in a
+/// build with the `test-hooks` feature (never one users get).
+#[cfg(feature = "test-hooks")]
+pub fn hook(name: &str) -> Option<std::ffi::OsString> {
+    std::env::var_os(format!("VALVE_HOOK_{name}"))
+}

@@ -22,6 +22,7 @@
 
 mod session;
 pub mod sign_in;
+mod who;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -32,51 +33,10 @@ use http::HeaderMap;
 use crate::config::secret_file::{self, Holds};
 use crate::config::{AdminAccess, Trust};
 pub use session::{Sessions, COOKIE_NAME};
+pub use who::{Shown, Who};
 
 /// The shortest operator token valve takes from `admin_token_file`.
 pub const MIN_TOKEN_CHARS: usize = 20;
-
-/// Who called, once known.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Who {
-    /// An operator: the token, an admin key, or a listed user of the proxy's.
-    Operator(String),
-    /// A publishing key that is not an admin key: its own apps only.
-    Publisher(String),
-}
-
-impl Who {
-    pub fn is_operator(&self) -> bool {
-        matches!(self, Who::Operator(_))
-    }
-
-    /// How the access log names it (never a secret).
-    pub fn label(&self) -> String {
-        match self {
-            Who::Operator(how) => format!("operator ({how})"),
-            Who::Publisher(key) => format!("key {key}"),
-        }
-    }
-
-    /// Whether it may see and change an app whose owner (the key that
-    /// published it) is `owner`.
-    pub fn owns(&self, owner: Option<&str>) -> bool {
-        match self {
-            Who::Operator(_) => true,
-            Who::Publisher(key) => owner == Some(key.as_str()),
-        }
-    }
-}
-
-/// How the caller showed who it is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Shown {
-    /// `Authorization` (a token or key) or the proxy's headers: no browser
-    /// sends those to another site on its own.
-    Credential,
-    /// The session cookie, whose POSTs need this session's CSRF token.
-    Cookie { csrf: String },
-}
 
 /// A publishing key's name and whether it is an admin key, for a key typed or sent.
 pub type KeyLookup<'a> = &'a (dyn Fn(&str) -> Option<(String, bool)> + Sync);
@@ -184,10 +144,26 @@ impl Auth {
     }
 }
 
-/// The operator token in `path`: owner-only, at least `MIN_TOKEN_CHARS`.
+/// The operator token in `path`: root's or valve's, nobody else's to write
+/// or read (its group's to read only when valve is in that group: a
+/// Kubernetes Secret read through the pod's fsGroup), at least `MIN_TOKEN_CHARS`.
 fn read_token(path: &Path) -> Result<String, String> {
+    use std::os::unix::fs::MetadataExt;
     let what = "admin_token_file";
-    secret_file::check(path, what, Holds::Plain)?;
+    let meta = std::fs::metadata(path).map_err(|e| format!("{what} {}: cannot read it: {e}", path.display()))?;
+    let mine = rustix::process::getgroups().unwrap_or_default().iter().any(|g| g.as_raw() == meta.gid())
+        || rustix::process::getegid().as_raw() == meta.gid();
+    let holds =
+        if meta.mode() & 0o040 != 0 && mine && meta.mode() & 0o026 == 0 { Holds::NoSecret } else { Holds::Plain };
+    secret_file::judge_meta(path, what, &meta, holds)?;
+    if meta.mode() & 0o004 != 0 {
+        return Err(format!(
+            "{what} {}: its mode {:04o} lets every user read the token: chmod 600 {}",
+            path.display(),
+            meta.mode() & 0o7777,
+            path.display()
+        ));
+    }
     let text = std::fs::read_to_string(path).map_err(|e| format!("{what} {}: cannot read it: {e}", path.display()))?;
     let token = text.trim().to_string();
     if token.chars().count() < MIN_TOKEN_CHARS || token.contains(char::is_whitespace) {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::Who;
+use super::who::Who;
 use crate::mac::Key;
 
 /// The session cookie's name.

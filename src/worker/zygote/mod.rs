@@ -215,7 +215,7 @@ impl Zygote {
             .process_group(0)
             .kill_on_drop(true);
         #[cfg(feature = "test-hooks")]
-        if let Some(file) = std::env::var_os("VALVE_HOOK_FORK_DIES") {
+        if let Some(file) = crate::config::hook("FORK_DIES") {
             // A test's: a fork kills itself at once, before it says a word, while this file exists.
             cmd.env("VALVE_HOOK_FORK_DIES", file);
         }
