@@ -7,6 +7,7 @@ by name); everything listens on loopback ports picked free at start.
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -23,10 +24,10 @@ sys.path.insert(0, os.path.join(REPO, "bench", "lib"))
 from harness import free_port  # noqa: E402
 
 
-def http_get(url, timeout=5):
+def http_get(url, timeout=5, headers=None):
     """(status, body) of one GET on a fresh connection; (None, error) when it failed."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
@@ -88,6 +89,15 @@ class Valve:
         self.proc = None
         self.starts = 0
         self.worker_pids = set()
+        # The operator token valve's status and metrics pages ask for (0600, this user's).
+        self.token_file = os.path.join(workdir, f"valve-{name}.token")
+        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.write(fd, secrets.token_hex(32).encode())
+        os.close(fd)
+
+    def admin_headers(self):
+        with open(self.token_file) as f:
+            return {"Authorization": "Bearer " + f.read().strip()}
 
     @property
     def url(self):
@@ -98,7 +108,7 @@ class Valve:
         log.write(f"--- start {self.starts + 1} ---\n".encode())
         log.flush()
         cmd = [self.binary, "-f", self.app, "--host", "127.0.0.1", "--port", str(self.port),
-               "--no-access-log", *self.args]
+               "--no-access-log", "--admin-token-file", self.token_file, *self.args]
         if self.admin_port != self.port:
             cmd += ["--admin-addr", f"127.0.0.1:{self.admin_port}"]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
@@ -109,7 +119,8 @@ class Valve:
         return http_get(self.url + "/__valve__/readyz", timeout=2)[0] == 200
 
     def status(self):
-        code, body = http_get(f"http://127.0.0.1:{self.admin_port}/__valve__/status", timeout=5)
+        code, body = http_get(f"http://127.0.0.1:{self.admin_port}/__valve__/status", timeout=5,
+                              headers=self.admin_headers())
         if code != 200:
             return None
         return json.loads(body)

@@ -33,6 +33,7 @@ Prints one JSON line; exits 1 when a check failed.
 import http.client
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -130,8 +131,14 @@ def forward_auth(binary, work, provider, procs, check, result):
     valve_port, proxy_port = cluster.free_port(), cluster.free_port()
     proxy_base = f"http://127.0.0.1:{proxy_port}"
     config = os.path.join(work, "valve-auth.toml")
+    token_file = os.path.join(work, "valve-auth.token")
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    token = secrets.token_hex(32)
+    os.write(fd, token.encode())
+    os.close(fd)
     with open(config, "w") as f:
         f.write(f"""auth_url = "{proxy_base}/oauth2/auth"
+admin_token_file = "{token_file}"
 auth_cache = 5
 sign_in_url = "{proxy_base}/oauth2/start?rd={{url}}"
 admin_on_main = true
@@ -193,7 +200,8 @@ allow_users = ["root@example.com"]
           status == 200 and seen.get("user") == "", (status, body[:200]))
     status, body = straight(valve_port, "/admin/whoami", forged, source="127.0.0.1")
     check("auth_url: no cookie, the restricted app answers 403", status == 403, (status, body[:200]))
-    status, metrics = cluster.http_get(f"{base}/__valve__/metrics", timeout=10)
+    status, metrics = cluster.http_get(f"{base}/__valve__/metrics", timeout=10,
+                                       headers={"Authorization": "Bearer " + token})
     metrics = metrics.decode(errors="replace") if isinstance(metrics, bytes) else str(metrics)
     allowed = [line for line in metrics.splitlines() if line.startswith('valve_auth_requests_total{result="allowed"}')]
     result["auth_url_allowed"] = allowed
