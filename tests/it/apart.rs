@@ -46,7 +46,8 @@ fn site(extra: &str) -> (tempfile::TempDir, PathBuf) {
     (dir, file)
 }
 
-/// Starts valve as nobody on `file`, its state and home in `dir`.
+/// Starts valve as nobody on `file`, its state and home in `dir`; its
+/// workers forks of the warm parent (no `--preload`, in the preloaded pass too).
 fn as_nobody(dir: &Path, file: &Path, extra: &[&str]) -> Valve {
     crate::landlock::give_to_nobody(dir);
     let mut args = vec!["--config", file.to_str().unwrap()];
@@ -55,7 +56,12 @@ fn as_nobody(dir: &Path, file: &Path, extra: &[&str]) -> Valve {
     Valve::start_as(
         Some(NOBODY),
         &args,
-        &[("VALVE_STATE_DIR", state.to_str().unwrap()), ("HOME", dir.to_str().unwrap()), (MARKER, "marker-7d1c")],
+        &[
+            ("VALVE_STATE_DIR", state.to_str().unwrap()),
+            ("HOME", dir.to_str().unwrap()),
+            (MARKER, "marker-7d1c"),
+            ("VALVE_PRELOAD", "false"),
+        ],
         None,
         |_| {},
     )
@@ -206,7 +212,8 @@ fn a_fork_that_dies_before_it_says_a_word_is_replaced_by_a_fresh_r_at_once() {
     // timeout, past the harness's deadline for the ready line.
     let v = Valve::start_with_env(
         &["--config", file.to_str().unwrap()],
-        &[("VALVE_HOOK_FORK_DIES", hook.to_str().unwrap())],
+        // The warm parent's fork, in the preloaded pass too.
+        &[("VALVE_HOOK_FORK_DIES", hook.to_str().unwrap()), ("VALVE_PRELOAD", "false")],
     );
     assert!(!hook.exists(), "the hook ran: a fork died");
     assert!(v.log().contains("the fork ended before it started"), "{}", v.log());
