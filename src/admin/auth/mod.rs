@@ -58,12 +58,31 @@ impl Auth {
         let (token, token_file) = match &access.token_file {
             Some(path) => (read_token(path)?, path.clone()),
             None => {
-                let path = state_dir.join("admin.token");
-                if !state_dir.exists() {
-                    std::fs::create_dir_all(state_dir).map_err(|e| {
-                        format!("cannot make the state folder {} for the operator token: {e}", state_dir.display())
-                    })?;
-                }
+                let made = if state_dir.exists() { Ok(()) } else { std::fs::create_dir_all(state_dir) };
+                let dir = match made {
+                    Ok(()) => state_dir.to_path_buf(),
+                    // A read-only root (a container run as the image is, no
+                    // volume for the state folder): a token for this run
+                    // only, in a fresh private folder under TMPDIR.
+                    Err(e) if e.raw_os_error() == Some(libc::EROFS) => {
+                        let tmp = tempfile::Builder::new().prefix("valve-admin-").tempdir().map_err(|t| {
+                            format!("cannot make the state folder {} for the operator token ({e}), nor a folder under TMPDIR ({t}): set --state-dir to a writable folder or --admin-token-file", state_dir.display())
+                        })?;
+                        tracing::warn!(
+                            state_dir = %state_dir.display(),
+                            "the state folder cannot be made (a read-only file system): the operator token is new at each start, in {}; set --state-dir to a volume or --admin-token-file to keep one",
+                            tmp.path().display()
+                        );
+                        tmp.keep()
+                    }
+                    Err(e) => {
+                        return Err(format!(
+                            "cannot make the state folder {} for the operator token: {e}",
+                            state_dir.display()
+                        ))
+                    }
+                };
+                let path = dir.join("admin.token");
                 let key = secret_file::key_in(&path, "the operator token file")?;
                 (crate::mac::hex(&key), path)
             }
