@@ -396,6 +396,11 @@ pub struct Args {
     #[arg(skip)]
     pub explicit: BTreeSet<String>,
 
+    /// Those of `explicit` given on the command line itself: there they beat
+    /// a `VALVE_*` variable (an image's `VALVE_FILE` yields to `--config`).
+    #[arg(skip)]
+    pub on_command_line: BTreeSet<String>,
+
     /// What the kernel lets this valve do (measured by the worker module at
     /// start, before the configuration is read): whether apps get users of
     /// their own and a private view.
@@ -490,19 +495,19 @@ impl Args {
         let mut matches = cmd.clone().try_get_matches()?;
         // Read before the values are taken out of `matches` (which forgets
         // where a value it no longer holds came from).
-        let explicit: BTreeSet<String> = cmd
-            .get_arguments()
-            .map(|arg| arg.get_id().as_str())
-            .filter(|id| {
-                matches!(
-                    matches.value_source(id),
-                    Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
-                )
-            })
-            .map(str::to_string)
-            .collect();
+        use clap::parser::ValueSource::{CommandLine, EnvVariable};
+        let given = |sources: &[clap::parser::ValueSource]| -> BTreeSet<String> {
+            cmd.get_arguments()
+                .map(|arg| arg.get_id().as_str())
+                .filter(|id| matches.value_source(id).is_some_and(|s| sources.contains(&s)))
+                .map(str::to_string)
+                .collect()
+        };
+        let explicit = given(&[CommandLine, EnvVariable]);
+        let on_command_line = given(&[CommandLine]);
         let mut args = Args::from_arg_matches_mut(&mut matches)?;
         args.explicit = explicit;
+        args.on_command_line = on_command_line;
         Ok(args)
     }
 

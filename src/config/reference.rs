@@ -219,7 +219,7 @@ fn variant(e: &ConfigError) -> &'static str {
         ConfigError::ZeroQueue => "`--queue-size 0`",
         ConfigError::EmptySite(_) => "a `--site` with no app folder",
         ConfigError::MinAboveBudget { .. } => "the apps' `n_min` above `--max-workers`",
-        ConfigError::Several => "more than one of `-f`, `--config`, `--site`",
+        ConfigError::Several => "two of `-f`, `--config`, `--site` on the command line (or two from `VALVE_*` variables; one on the command line beats a variable)",
         ConfigError::OutOfRange { .. } => "a value out of range",
         ConfigError::BufferTotalBelowSession { .. } => "`--shiny-buffer-total` below `--shiny-session-buffer`",
         ConfigError::Access { .. } => "a bad trusted proxy, `auth_url` or `sign_in_url`",

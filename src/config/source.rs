@@ -62,13 +62,33 @@ pub enum LoadError {
 
 impl Args {
     /// Where the configuration comes from: `--config`, `--site` or the flags alone.
+    /// Two of `-f`, `--config` and `--site` given the same way (both on the
+    /// command line, or both by `VALVE_*` variables) are an error; one on the
+    /// command line beats one from a variable (the image's `VALVE_FILE=/app`
+    /// yields to `docker run IMAGE --config FILE`).
     pub fn source(&self) -> Result<Source, ConfigError> {
-        let file_given = self.explicit.contains("file");
+        let cli = |id: &str| self.on_command_line.contains(id);
+        let many = self.config.is_some() || self.site.is_some();
+        if !self.explicit.contains("file") || !many {
+            return Ok(self.clone().source_without_file_conflict());
+        }
+        let many_on_cli = cli("config") || cli("site");
+        match (cli("file"), many_on_cli) {
+            (true, false) => Ok(Source::Flags(Args { config: None, site: None, ..self.clone() })),
+            (false, true) => {
+                let mut args = self.clone();
+                args.explicit.remove("file");
+                Ok(args.source_without_file_conflict())
+            }
+            _ => Err(ConfigError::Several),
+        }
+    }
+
+    fn source_without_file_conflict(self) -> Source {
         match (&self.config, &self.site) {
-            (Some(_), _) | (_, Some(_)) if file_given => Err(ConfigError::Several),
-            (Some(path), _) => Ok(Source::File(path.clone(), self.clone())),
-            (None, Some(dir)) => Ok(Source::Site(dir.clone(), self.clone())),
-            (None, None) => Ok(Source::Flags(self.clone())),
+            (Some(path), _) => Source::File(path.clone(), self.clone()),
+            (None, Some(dir)) => Source::Site(dir.clone(), self.clone()),
+            (None, None) => Source::Flags(self),
         }
     }
 }

@@ -44,7 +44,7 @@ fn pebble_issues_valve_a_certificate_valve_renews_it_and_a_failing_authority_lea
     // Renewed with a third of its 30 s left, and served to the next connection.
     let first = served(port, "-serial");
     valve.wait_for_log("TLS certificate renewed by the ACME authority", Duration::from_secs(40));
-    wait_until("the renewed certificate served", Duration::from_secs(5), || served(port, "-serial") != first);
+    wait_until("the renewed certificate served", Duration::from_secs(30), || served(port, "-serial") != first);
     let renewed = served(port, "-serial");
     let (c, _, h) = curl(&["--cacert", root.to_str().unwrap(), &format!("{base}/api/pid")]);
     assert_eq!(c, 200, "the renewed certificate checks out: {h}");

@@ -306,6 +306,39 @@ fn check_names_the_file_line_and_problem_of_every_broken_config() {
     assert!(said.contains("3 app(s)") && said.contains("sales at /sales"), "{said}");
 }
 
+/// The image sets `VALVE_FILE=/app`; `docker run IMAGE --config FILE` must
+/// serve the file's apps, not refuse "not several". Two sources given the same
+/// way (both flags, both variables) are still refused.
+#[test]
+fn a_config_on_the_command_line_beats_a_file_from_a_variable_and_two_flags_are_refused() {
+    let (_dir, path) = config(THREE_APPS);
+    let config = path.to_str().unwrap();
+    let api = fixture("api.R");
+    let api = api.to_str().unwrap();
+    let check = |env: &[(&str, &str)], args: &[&str]| {
+        let out = Command::new(crate::harness::valve_bin()).envs(env.iter().copied()).args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, said, err) = check(&[("VALVE_FILE", "/app")], &["--config", config, "--check"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(said.contains("3 app(s)"), "{said}");
+    let (code, said, err) = check(&[("VALVE_CONFIG", config)], &["-f", api, "--check"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!said.contains("3 app(s)"), "-f on the command line serves one app: {said}");
+    for (env, args) in [
+        (vec![], vec!["-f", api, "--config", config, "--check"]),
+        (vec![("VALVE_FILE", "/app"), ("VALVE_CONFIG", config)], vec!["--check"]),
+    ] {
+        let (code, _, err) = check(&env, &args);
+        assert_eq!(code, Some(2), "{env:?} {args:?}: {err}");
+        assert!(err.contains("use one of -f/--file, --config and --site, not several"), "{err}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hostname_routes_before_the_path() {
     let (_dir, path) = config(

@@ -197,6 +197,14 @@ pub(crate) fn held_api(version: u32) -> Vec<u8> {
     tarball(&[("manifest.json", API), ("plumber.R", api.as_bytes())])
 }
 
+/// `held_api` whose workers take 4 s to start: a deployment of it lasts long
+/// enough that another one sent at the same moment meets it, however busy the
+/// machine (two deployments that never overlap would not wait for each other).
+pub(crate) fn slow_api(version: u32) -> Vec<u8> {
+    let held = format!("Sys.sleep(4)\n\n#* @get /version\nfunction() {version}\n");
+    tarball(&[("manifest.json", API), ("plumber.R", held.as_bytes())])
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_version_a_draining_generation_serves_stays_until_it_drains_and_uploads_never_deployed_are_pruned() {
     need_r_packages(&["plumber"]);

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::harness::{as_root, free_port, need_program, need_r_packages, Valve};
 use crate::publish::{deploy_app, follow, get};
-use crate::published::{call, create, held_api, publish, site, upload};
+use crate::published::{call, create, held_api, publish, site, slow_api, upload};
 
 /// Waits (at most a minute) until `valve` answers `/api/version` with `want`.
 async fn serves(valve: &Valve, want: &str, what: &str) {
@@ -71,8 +71,8 @@ async fn valves_sharing_a_folder_serve_what_any_of_them_publishes_and_read_each_
 
     // Two deployments of the app at once, one on each valve: one waits for
     // the other; both finish, and both valves serve the version the record names.
-    let (_, three) = upload(&admin_a, ann, &guid, held_api(3)).await;
-    let (_, four) = upload(&admin_b, ann, &guid, held_api(4)).await;
+    let (_, three) = upload(&admin_a, ann, &guid, slow_api(3)).await;
+    let (_, four) = upload(&admin_b, ann, &guid, slow_api(4)).await;
     let (three, four) = (three["id"].as_str().unwrap().to_string(), four["id"].as_str().unwrap().to_string());
     let (ta, tb) = tokio::join!(deploy(&admin_a, ann, &guid, &three), deploy(&admin_b, ann, &guid, &four));
     let (api_a, api_b) = (format!("{admin_a}/__api__"), format!("{admin_b}/__api__"));
