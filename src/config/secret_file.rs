@@ -84,6 +84,13 @@ pub fn key_in(path: &Path, what: &str) -> Result<[u8; 32], String> {
                     .into())
             })
         }
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            let uid = rustix::process::geteuid().as_raw();
+            let dir = path.parent().map(|d| d.display().to_string()).unwrap_or_default();
+            Err(bad(format!(
+                "cannot create it: {e} (valve runs as uid {uid}, which may not write in {dir}: give it that folder, or name one it may write with --state-dir)"
+            )))
+        }
         Err(e) => Err(bad(format!("cannot create it: {e}"))),
     }
 }
