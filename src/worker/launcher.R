@@ -224,9 +224,21 @@ local({
       isTRUE(.C("valve_lifeline", fd, ok = FALSE, PACKAGE = enter_dll[["name"]])$ok)
   }
 
+  # Whether valve still reads `path`: a FIFO with no reader (valve gave up on
+  # this fork, or is gone) would block a plain open for ever, leaving an
+  # orphan R; the probe opens without waiting and fails at once instead.
+  fifo_has_reader <- function(path) {
+    file.exists(path) && tryCatch({
+      close(fifo(path, open = "w", blocking = FALSE))
+      TRUE
+    }, warning = function(w) FALSE, error = function(e) FALSE)
+  }
+
   become_worker <- function(id, socket, fifo, token, link, serve) {
     # Output goes to valve through this fork's own channel, pid first.
-    # Write-only: valve holds the FIFO open for reading, so this never waits.
+    # Write-only: valve holds the FIFO open for reading, so this never waits;
+    # unless valve no longer does, and then the fork ends.
+    if (!fifo_has_reader(fifo)) parallel:::mcexit(7L)
     out <- file(fifo, open = "w", raw = TRUE)
     writeLines(paste("valve-fork-pid", Sys.getpid()), out)
     flush(out)

@@ -257,6 +257,16 @@ local({
       parallel:::mcexit(7L)
     }
     # Opened as the app's user, write-only (valve holds it open for reading).
+    # Probed first without waiting: with no reader (valve gave up on this
+    # fork, or is gone) a plain open would block for ever, an orphan R.
+    has_reader <- file.exists(job$fifo) && tryCatch({
+      close(fifo(job$fifo, open = "w", blocking = FALSE))
+      TRUE
+    }, warning = function(w) FALSE, error = function(e) FALSE)
+    if (!has_reader) {
+      report("failed opening its output ", job$fifo, ": valve no longer reads it")
+      parallel:::mcexit(7L)
+    }
     out <- file(job$fifo, open = "w", raw = TRUE)
     writeLines(paste("valve-fork-pid", Sys.getpid()), out)
     flush(out)
