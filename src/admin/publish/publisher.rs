@@ -46,6 +46,9 @@ pub struct Publisher {
     pub(super) records: Mutex<()>,
     /// One deployment at a time.
     pub(super) deploying: tokio::sync::Mutex<()>,
+    /// One prune at a time: a prune waits for one that runs (which may have
+    /// read the records before an upload's), never skips because of it.
+    pub(super) pruning: Mutex<()>,
     /// Who may read what is unpacked: with apps that run as users of their
     /// own, only root and the app's group.
     pub(super) modes: Modes,
@@ -166,6 +169,7 @@ impl Publisher {
             base_url,
             records: Mutex::new(()),
             deploying: tokio::sync::Mutex::new(()),
+            pruning: Mutex::new(()),
             modes,
             summary: Mutex::new(BTreeMap::new()),
             deployments: Mutex::new(BTreeMap::new()),
@@ -178,7 +182,9 @@ impl Publisher {
 
     /// Removes, in every published app, the versions `store::prunable`
     /// names (none while a deployment runs: it prunes when it ends).
+    /// Blocks while another prune runs: call it off the runtime.
     pub(super) fn prune_all(&self) {
+        let _turn = self.pruning.lock().unwrap_or_else(|p| p.into_inner());
         let Ok(_one) = self.deploying.try_lock() else { return };
         let in_use = self.reloader.apps.paths_in_use();
         let names: Vec<String> = self.locked(store::all).unwrap_or_default().into_iter().map(|r| r.name).collect();

@@ -65,8 +65,12 @@ impl Publisher {
                     continue;
                 }
                 let Some(p) = this.upgrade() else { return };
-                // A deployment here reloads itself; what it leaves changed is looked at after.
-                let Ok(_one) = p.deploying.try_lock() else { continue };
+                // A deployment here reloads itself; what it leaves changed is
+                // looked at after. Only asked, not held: held across the
+                // reload below, an upload's prune would skip its turn.
+                if p.deploying.try_lock().is_err() {
+                    continue;
+                }
                 stamped = now;
                 let records = match p.locked(store::all) {
                     Ok(r) => r,
