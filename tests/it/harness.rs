@@ -1,14 +1,18 @@
 //! Starts the real `valve` binary (and plain plumber processes to compare with),
 //! waits for readiness against named deadlines, and cleans up when dropped.
 
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+mod net;
+mod plumber;
+use net::ADMINS;
+pub use net::*;
+pub use plumber::*;
 
 /// How long valve may take to say it serves before a test gives up: a hang
 /// guard, not a figure (a start that restores packages builds them first).
@@ -539,216 +543,4 @@ impl Drop for Valve {
         }
         let _ = self.child.wait();
     }
-}
-
-/// A plain plumber process on a TCP port: what valve is compared against.
-pub struct Plumber {
-    child: Child,
-    pub url: String,
-}
-
-impl Plumber {
-    /// `target` is a plumber file, or a directory for `plumb(dir = )`.
-    pub fn start(target: &Path) -> Plumber {
-        need_r_packages(&["plumber"]);
-        // A port from `free_port` is free only until R binds it, and tests run in
-        // parallel: a valve started meanwhile may take it. So the port counts only
-        // once this very process listens on it; otherwise try another.
-        for _ in 0..5 {
-            let port = free_port();
-            let expr = if target.is_dir() {
-                format!("library(plumber); pr_run(plumb(dir = '{}'), port = {port}, quiet = TRUE)", target.display())
-            } else {
-                format!("library(plumber); pr_run(pr('{}'), port = {port}, quiet = TRUE)", target.display())
-            };
-            let workdir = if target.is_dir() { target.to_path_buf() } else { target.parent().unwrap().to_path_buf() };
-            let mut child = Command::new("Rscript")
-                .args(["-e", &expr])
-                .current_dir(workdir)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .process_group(0)
-                .spawn()
-                .expect("Rscript starts");
-            let start = Instant::now();
-            while start.elapsed() < START_DEADLINE {
-                if child.try_wait().ok().flatten().is_some() {
-                    break;
-                }
-                if listens_on(child.id(), port) {
-                    return Plumber { child, url: format!("http://127.0.0.1:{port}") };
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            let _ = child.wait();
-        }
-        panic!("plain plumber could not listen on a free port for {}", target.display());
-    }
-}
-
-/// One TCP socket of this machine, as /proc/net/tcp and tcp6 show it.
-struct TcpRow {
-    local_port: u16,
-    remote_port: u16,
-    listening: bool,
-    /// Bytes received and not yet read; for a listening socket, connections not yet accepted.
-    rx_queue: u64,
-    inode: String,
-}
-
-fn tcp_table() -> Vec<TcpRow> {
-    let port = |col: Option<&&str>| col?.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
-    let mut rows = Vec::new();
-    for file in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(table) = std::fs::read_to_string(file) else { continue };
-        // Columns: sl local_address rem_address st tx_queue:rx_queue tr retrnsmt uid timeout inode.
-        rows.extend(table.lines().skip(1).filter_map(|line| {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            Some(TcpRow {
-                local_port: port(cols.get(1))?,
-                remote_port: port(cols.get(2))?,
-                listening: cols.get(3) == Some(&"0A"),
-                rx_queue: u64::from_str_radix(cols.get(4)?.split(':').nth(1)?, 16).ok()?,
-                inode: cols.get(9)?.to_string(),
-            })
-        }));
-    }
-    rows
-}
-
-/// How many connections wait to be accepted on the listening socket at `port`.
-pub fn accept_backlog(port: u16) -> Option<u64> {
-    tcp_table().into_iter().find(|r| r.listening && r.local_port == port).map(|r| r.rx_queue)
-}
-
-/// How many bytes a client (at `client_port`) sent that the server side at
-/// `server_port` has not read yet; `None` while no such connection exists.
-pub fn unread_by_server(server_port: u16, client_port: u16) -> Option<u64> {
-    tcp_table()
-        .into_iter()
-        .find(|r| !r.listening && r.local_port == server_port && r.remote_port == client_port)
-        .map(|r| r.rx_queue)
-}
-
-/// Whether process `pid` holds the listening TCP socket on 127.0.0.1 or any address at `port`.
-fn listens_on(pid: u32, port: u16) -> bool {
-    let inodes: Vec<String> = tcp_table()
-        .into_iter()
-        .filter(|r| r.listening && r.local_port == port)
-        .map(|r| format!("socket:[{}]", r.inode))
-        .collect();
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
-    fds.filter_map(Result::ok)
-        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
-        .any(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
-}
-
-impl Drop for Plumber {
-    fn drop(&mut self) {
-        unsafe {
-            libc::kill(-(self.child.id() as i32), libc::SIGKILL);
-        }
-        let _ = self.child.wait();
-    }
-}
-
-/// A loopback port free now, for a process that binds it later: taken below
-/// the kernel's ephemeral range (net.ipv4.ip_local_port_range), where no
-/// outgoing connection's source port and no bind to port 0 (valves and R
-/// workers of tests running meanwhile) can take it first; never the same
-/// port twice in one test run. Only for plain plumber, which cannot be told
-/// port 0: valve binds port 0 and prints what it got (`Valve::admin_url`).
-pub fn free_port() -> u16 {
-    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
-    let ephemeral_low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(32768);
-    if ephemeral_low > 12000 {
-        let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
-        let span = u64::from(ephemeral_low - 10000);
-        for attempt in 0..500u32 {
-            // std's randomly keyed hasher as the dice: the bind below is the real check.
-            let port = (10000 + RandomState::new().hash_one(attempt) % span) as u16;
-            if given.contains(&port) {
-                continue;
-            }
-            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                given.push(port);
-                return port;
-            }
-        }
-    }
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// A loopback port nothing listens on, for as long as the returned socket
-/// lives: it is bound (so no one else can take the port) but not listening,
-/// so a connection to it is refused.
-pub fn closed_port() -> (tokio::net::TcpSocket, u16) {
-    let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
-    socket.bind("127.0.0.1:0".parse().expect("an address")).expect("bind to port 0");
-    let port = socket.local_addr().expect("a bound address").port();
-    (socket, port)
-}
-
-/// Each running valve's admin address and operator token, for helpers that
-/// are handed a URL alone (`for_url`).
-static ADMINS: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
-
-/// The operator token of the running valve whose admin address `url` is on.
-pub fn token_for(url: &str) -> Option<String> {
-    ADMINS.lock().unwrap().iter().find(|(admin, _)| url.starts_with(admin.as_str())).map(|(_, t)| t.clone())
-}
-
-/// A GET of `url` (as `client()`), carrying the operator token when `url`
-/// is on a running valve's admin address.
-pub fn get_url(url: &str) -> reqwest::RequestBuilder {
-    let token = token_for(url);
-    let req = client().get(url);
-    match token {
-        Some(t) => req.bearer_auth(t),
-        None => req,
-    }
-}
-
-/// A client that neither follows redirects nor keeps cookies, and opens a fresh
-/// connection per request (keep-alive to plain httpuv stalls 40 ms a request).
-pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .pool_max_idle_per_host(0)
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
-
-/// Sends one request to `base` and returns its status, its headers but those
-/// that differ by design between two servers (`date`, `connection`,
-/// `keep-alive`), and its body: what the fidelity tests compare.
-pub async fn comparable(
-    base: &str,
-    method: &reqwest::Method,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Option<&[u8]>,
-) -> (reqwest::StatusCode, Vec<(String, String)>, Vec<u8>) {
-    let mut req = client().request(method.clone(), format!("{base}{path}"));
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    if let Some(body) = body {
-        req = req.body(body.to_vec());
-    }
-    let resp = req.send().await.unwrap_or_else(|e| panic!("{method} {path} to {base}: {e}"));
-    let status = resp.status();
-    let headers = resp
-        .headers()
-        .iter()
-        .filter(|(k, _)| !matches!(k.as_str(), "date" | "connection" | "keep-alive"))
-        .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).to_string()))
-        .collect();
-    (status, headers, resp.bytes().await.unwrap().to_vec())
 }
