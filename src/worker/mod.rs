@@ -18,12 +18,13 @@
 //! `output` (a worker's output as log lines), `frames` (valve's own
 //! protocol: `link` under `conn`, `hub` over it), `conn` (a connection of
 //! either transport), `process` (the interfaces and /proc), `reap`,
-//! `spawn` (plain workers), `render` (a `shiny_prerendered` document's one
+//! `spawn` (plain workers), `caps` (what the warm parent keeps of root's), `render` (a `shiny_prerendered` document's one
 //! render, before its workers), `packages` (which versions of some packages
 //! an app's R finds: a published bundle's check), `fork` (`--preload`), `launcher`
 //! (`RLauncher`), `watch` (a serving worker's exit, stops and samples).
 
 pub mod builders;
+pub mod caps;
 mod conn;
 mod fork;
 mod frames;

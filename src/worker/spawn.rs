@@ -202,6 +202,18 @@ impl Launchable {
         self
     }
 
+    /// Started as root, keeping only `keep` of root's capabilities (nothing
+    /// to do when `None`: valve is not root).
+    pub(super) fn holding_only(mut self, keep: Option<super::caps::Keep>) -> Launchable {
+        if let Some(keep) = keep {
+            // SAFETY: `apply` makes raw prctl and capset calls only.
+            unsafe {
+                self.cmd.pre_exec(move || keep.apply());
+            }
+        }
+        self
+    }
+
     /// `cmd`, dying with valve, in no sandbox (valve's own helpers: the warm parent).
     pub(super) fn dying_with_valve(cmd: Command) -> io::Result<Launchable> {
         Launchable::new(cmd, None)

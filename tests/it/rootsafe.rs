@@ -9,7 +9,9 @@
 //! worker holds a root-owned file open for writing. Also: valve's own
 //! environment does not reach an isolated app's R, only what it allows and
 //! the app's own `env`. Run with fresh R (the warm parent's forks) and with
-//! VALVE_PRELOAD=true (the app's own preload parent's forks).
+//! VALVE_PRELOAD=true (the app's own preload parent's forks). And the warm
+//! parent keeps only CAP_SETUID, CAP_SETGID (and for views CAP_SYS_ADMIN,
+//! CAP_DAC_READ_SEARCH) of root's rights; its forks keep none.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -383,4 +385,52 @@ fn a_fork_that_cannot_enter_its_sandbox_is_noticed_at_once_and_a_fresh_r_tried()
     let log = v.log();
     assert!(log.contains(&format!("{}: errno 2", lib.display())), "the step and its error are named: {log}");
     assert!(log.contains("the app's workers start as fresh R, not from the warm parent"), "{log}");
+}
+
+/// A capability set of `pid` (`CapEff`, `CapBnd`...) from /proc/PID/status.
+fn cap_set(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(&format!("{field}:"))).unwrap_or_else(|| panic!("{field}"));
+    u64::from_str_radix(line[field.len() + 1..].trim(), 16).unwrap()
+}
+
+#[test]
+fn as_root_the_warm_parent_holds_only_what_switching_users_needs_and_its_forks_nothing() {
+    need_r_packages(&["plumber"]);
+    assert!(as_root(), "this test checks what valve does as root: run the tests as root, as CI does");
+    if crate::harness::preloading() {
+        eprintln!(
+            "with --preload the app's own parent forks its workers, inside its sandbox already: nothing to check"
+        );
+        return;
+    }
+    let site_dir = app_dir();
+    let site = site_dir.path();
+    let api = app_folder(site, "api");
+    let file = site.join("valve.toml");
+    std::fs::write(&file, format!("[[app]]\nname = \"api\"\npath = \"/api\"\nfile = \"{}\"\n", api.display())).unwrap();
+    let v = Valve::start(&["--config", file.to_str().unwrap()]);
+    v.wait_for_log("valve-zygote-ready", START_DEADLINE);
+    assert_eq!(get(&v.get("/api/env?name=HOME")).0, 200);
+    let parent = v.preload_parent().expect("valve's warm parent");
+    // CAP_SETGID and CAP_SETUID; where valve has CAP_SYS_ADMIN (private
+    // views: its forks make their view before they switch) that and
+    // CAP_DAC_READ_SEARCH (covers over hidden paths in folders not root's).
+    let mut want = (1u64 << 6) | (1 << 7);
+    if cap_set(v.pid(), "CapEff") & (1 << 21) != 0 {
+        want |= (1 << 21) | (1 << 2);
+    }
+    for field in ["CapEff", "CapPrm", "CapBnd"] {
+        assert_eq!(cap_set(parent, field), want, "the warm parent's {field}: {:x}", cap_set(parent, field));
+    }
+    assert_eq!(cap_set(parent, "CapInh"), 0, "nothing inheritable");
+    assert_eq!(cap_set(parent, "CapAmb"), 0, "nothing ambient");
+    let forks: Vec<u32> = v.workers().into_iter().filter(|p| *p != parent).collect();
+    assert!(!forks.is_empty(), "the app's worker is a fork of the warm parent");
+    for fork in forks {
+        let uid = std::fs::metadata(format!("/proc/{fork}")).unwrap().uid();
+        assert_ne!(uid, 0, "a fork runs as its app's user");
+        assert_eq!((cap_set(fork, "CapEff"), cap_set(fork, "CapPrm")), (0, 0), "a fork {fork} holds no capability");
+    }
+    assert!(!v.log().contains("keeps all of root's capabilities"), "{}", v.log());
 }

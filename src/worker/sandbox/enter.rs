@@ -53,7 +53,9 @@ struct Ids {
 struct PreparedView {
     clones: Vec<CString>,
     covers: Vec<PCover>,
-    places: Vec<(usize, Vec<CString>, CString)>,
+    /// A clone, the folders its place is made in, the place, and whose
+    /// file-system ids make them (`as_app`).
+    places: Vec<(usize, Vec<CString>, CString, Option<(u32, u32)>)>,
     inner: Vec<PCover>,
 }
 
@@ -129,7 +131,7 @@ impl Prepared {
                 for (n, p) in &steps.places {
                     names.push(format!("{} put back in the view (mkdir, move_mount)", p.display()));
                     let dirs = prefixes(p).iter().map(|d| c(d)).collect::<io::Result<Vec<_>>>()?;
-                    places.push((*n, dirs, c(p)?));
+                    places.push((*n, dirs, c(p)?, as_app(steps, p, &spec)));
                 }
                 let mut inner = Vec::new();
                 for cv in &steps.inner {
@@ -229,8 +231,12 @@ impl Prepared {
             for cover in &v.covers {
                 next(apply_cover(cover, &slots))?;
             }
-            for (slot, dirs, target) in &v.places {
+            for (slot, dirs, target, as_app) in &v.places {
                 let r = (|| {
+                    let _ids = match as_app {
+                        Some((uid, gid)) => Some(FsIds::become_(*uid, *gid)?),
+                        None => None,
+                    };
                     for d in dirs {
                         match rustix::fs::mkdirat(CWD, d.as_c_str(), Mode::from_raw_mode(0o755)) {
                             Ok(()) | Err(rustix::io::Errno::EXIST) => {}
@@ -278,8 +284,9 @@ impl Prepared {
     }
 }
 
-/// The steps of `spec`, one line each, in `enter`'s order, as
-/// src/worker/zygote/enter.c reads them.
+/// The steps of `spec`, one line each, as src/worker/zygote/enter.c reads
+/// them: `enter`'s order, but the working directory entered as the app's
+/// user.
 fn fork_lines(spec: &Spec<'_>) -> Vec<String> {
     let mut out = Vec::new();
     let cover = |c: &Cover| match c {
@@ -294,13 +301,17 @@ fn fork_lines(spec: &Spec<'_>) -> Vec<String> {
         out.extend(steps.clones.iter().enumerate().map(|(i, p)| format!("clone {i} {}", p.display())));
         out.extend(steps.covers.iter().map(cover));
         for (n, p) in &steps.places {
+            let ids = as_app(steps, p, spec);
+            if let Some((uid, gid)) = ids {
+                out.push(format!("fsids {uid} {gid}"));
+            }
             out.extend(prefixes(p).iter().map(|d| format!("mkdir {}", d.display())));
             out.push(format!("place {n} {}", p.display()));
+            if ids.is_some() {
+                out.push("fsids 0 0".to_string());
+            }
         }
         out.extend(steps.inner.iter().map(cover));
-    }
-    if let Some(w) = spec.workdir {
-        out.push(format!("chdir {}", w.display()));
     }
     if let Some(limit) = spec.data_limit {
         out.push(format!("data {limit}"));
@@ -313,6 +324,11 @@ fn fork_lines(spec: &Spec<'_>) -> Vec<String> {
         out.push(format!("gid {gid}"));
         out.push(format!("uid {uid}"));
         out.push("nonewprivs".to_string());
+    }
+    // As the app's user: the warm parent may not read or search what its
+    // user may not (it holds no CAP_DAC_READ_SEARCH: `caps`).
+    if let Some(w) = spec.workdir {
+        out.push(format!("chdir {}", w.display()));
     }
     if let Some(rules) = spec.landlock {
         out.extend(landlock::lines(rules));
@@ -343,10 +359,86 @@ fn apply_cover(cover: &PCover, slots: &[Option<OwnedFd>; MAX_CLONES]) -> io::Res
     }
 }
 
+/// Whose file-system ids make the folders of a place `p` and put it there:
+/// the app's, inside the app's own private temporary folder (a cover its
+/// workers write: root would follow the links they leave there, and the
+/// warm parent may not write it), else valve's (root's covers).
+fn as_app(steps: &Steps, p: &Path, spec: &Spec<'_>) -> Option<(u32, u32)> {
+    let (uid, gid, _) = spec.ids?;
+    steps.covers.iter().any(|cv| matches!(cv, Cover::Clone(_, at) if p.starts_with(at))).then_some((uid, gid))
+}
+
+/// The file-system uid and gid of this thread, set for a while and put
+/// back when dropped (raw system calls: safe between fork and exec).
+struct FsIds {
+    uid: u32,
+    gid: u32,
+}
+
+impl FsIds {
+    fn become_(uid: u32, gid: u32) -> io::Result<FsIds> {
+        // SAFETY: setfsgid and setfsuid change this thread's ids only; -1
+        // (u32::MAX) asks the current one without changing it.
+        let old = unsafe { FsIds { gid: libc::setfsgid(gid) as u32, uid: libc::setfsuid(uid) as u32 } };
+        let now = unsafe { (libc::setfsuid(u32::MAX) as u32, libc::setfsgid(u32::MAX) as u32) };
+        if now != (uid, gid) {
+            drop(old);
+            return Err(io::Error::from_raw_os_error(rustix::io::Errno::PERM.raw_os_error()));
+        }
+        Ok(old)
+    }
+}
+
+impl Drop for FsIds {
+    fn drop(&mut self) {
+        // SAFETY: as above; the uid first, while CAP_SETGID is still effective.
+        unsafe {
+            libc::setfsuid(self.uid);
+            libc::setfsgid(self.gid);
+        }
+    }
+}
+
 fn place(slots: &[Option<OwnedFd>; MAX_CLONES], n: usize, target: &CString) -> io::Result<()> {
     let Some(fd) = slots.get(n).and_then(Option::as_ref) else {
         return Err(io::Error::from_raw_os_error(rustix::io::Errno::BADF.raw_os_error()));
     };
     rustix::mount::move_mount(fd.as_fd(), c"", CWD, target.as_c_str(), MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
         .map_err(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    #[test]
+    fn places_inside_the_apps_own_temporary_folder_are_made_with_its_ids_and_the_rest_with_roots() {
+        let p = PathBuf::from;
+        let steps = Steps {
+            clones: vec![p("/var/lib/valve/apps/api/tmp"), p("/tmp/valve-run"), p("/srv/api")],
+            covers: vec![Cover::Clone(0, p("/tmp")), Cover::Empty(p("/srv"))],
+            places: vec![(1, p("/tmp/valve-run")), (2, p("/srv/api"))],
+            inner: vec![],
+        };
+        let groups = [1001];
+        let spec = Spec {
+            steps: Some(&steps),
+            workdir: Some(Path::new("/srv/api")),
+            data_limit: None,
+            oom_score_adj: None,
+            ids: Some((1001, 1001, &groups)),
+            landlock: None,
+        };
+        let lines = fork_lines(&spec);
+        let at = |l: &str| lines.iter().position(|x| x == l).unwrap_or_else(|| panic!("{l}: {lines:?}"));
+        assert!(at("fsids 1001 1001") < at("mkdir /tmp/valve-run"), "{lines:?}");
+        assert!(at("place 1 /tmp/valve-run") < at("fsids 0 0"), "{lines:?}");
+        assert!(at("fsids 0 0") < at("mkdir /srv/api"), "root's own cover is made as root: {lines:?}");
+        assert_eq!(lines.iter().filter(|l| l.starts_with("fsids")).count(), 2, "{lines:?}");
+        assert!(at("uid 1001") < at("chdir /srv/api"), "the working directory is entered as the app: {lines:?}");
+        assert_eq!(as_app(&steps, Path::new("/srv/api"), &spec), None);
+        let root = Spec { ids: None, ..spec };
+        assert_eq!(as_app(&steps, Path::new("/tmp/valve-run"), &root), None, "no user to become: valve's own");
+    }
 }

@@ -13,6 +13,9 @@
  *   null PATH               /dev/null over a file
  *   mkdir PATH              a folder made inside a cover (it may exist)
  *   place N PATH            copy N put at PATH (move_mount)
+ *   fsids UID GID           the file-system uid and gid the next steps use
+ *                           (the app's inside its own temporary folder, then
+ *                           back to 0 0: root follows no link the app left there)
  *   chdir PATH              the working directory
  *   data BYTES              RLIMIT_DATA
  *   oom VALUE               /proc/self/oom_score_adj
@@ -57,6 +60,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/fsuid.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -211,6 +215,22 @@ static int step(const char *line, int *clones, int *ruleset) {
   if ((a = arg(line, "scratch")) != NULL)
     return mount("tmpfs", a, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777,size=64m");
   if ((a = arg(line, "null")) != NULL) return mount("/dev/null", a, NULL, MS_BIND, NULL);
+  if ((a = arg(line, "fsids")) != NULL) {
+    char *end;
+    uid_t u = (uid_t)strtoul(a, &end, 10);
+    if (*end != ' ') { errno = EINVAL; return -1; }
+    gid_t g = (gid_t)strtoul(end + 1, NULL, 10);
+    if (u == 0) {
+      setfsuid(0);
+      setfsgid(g);
+    } else {
+      setfsgid(g);
+      setfsuid(u);
+    }
+    /* -1 asks the current id without changing it. */
+    if ((uid_t)setfsuid((uid_t)-1) != u || (gid_t)setfsgid((gid_t)-1) != g) { errno = EPERM; return -1; }
+    return 0;
+  }
   if ((a = arg(line, "mkdir")) != NULL) return (mkdir(a, 0755) == 0 || errno == EEXIST) ? 0 : -1;
   if ((a = arg(line, "place")) != NULL) {
     char *path;

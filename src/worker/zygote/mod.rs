@@ -28,6 +28,7 @@ use tokio::process::{ChildStdin, Command};
 use tokio::sync::{watch, Mutex};
 use tokio_util::sync::CancellationToken;
 
+use super::caps::Keep;
 use super::fork::{own_start_time, wait_parent, Fork, ParentExit};
 use super::output::{self, Sink, Tail, NOT_A_WORKER};
 use super::process::pid_of;
@@ -50,11 +51,14 @@ pub struct Recipe {
     pub r_bin: PathBuf,
     /// Packages to load besides plumber, shiny and rmarkdown.
     pub packages: Vec<String>,
+    /// What it keeps of root's capabilities (valve as root): `caps`.
+    pub keep: Option<Keep>,
 }
 
 /// The warm parents of one valve, one per R binary (started when first asked).
 pub struct Zygotes {
     packages: Vec<String>,
+    keep: Option<Keep>,
     run_dir: Arc<tempfile::TempDir>,
     spawner: Spawner,
     parents: StdMutex<BTreeMap<PathBuf, Arc<Zygote>>>,
@@ -63,8 +67,20 @@ pub struct Zygotes {
 impl Zygotes {
     /// Must be called inside the runtime that will own the parents.
     pub fn new(run_dir: Arc<tempfile::TempDir>, packages: Vec<String>) -> io::Result<Arc<Zygotes>> {
+        let keep = match Keep::for_warm_parent() {
+            Ok(keep) => keep,
+            Err(why) => {
+                tracing::warn!(
+                    why,
+                    "the warm parent keeps all of root's capabilities: valve may not narrow them \
+                     (give valve CAP_SETPCAP, as a plain root has it)"
+                );
+                None
+            }
+        };
         Ok(Arc::new(Zygotes {
             packages,
+            keep,
             run_dir,
             spawner: Spawner::shared()?,
             parents: StdMutex::new(BTreeMap::new()),
@@ -78,7 +94,7 @@ impl Zygotes {
             .entry(r_bin.to_path_buf())
             .or_insert_with(|| {
                 let z = Arc::new(Zygote {
-                    recipe: Recipe { r_bin: r_bin.to_path_buf(), packages: self.packages.clone() },
+                    recipe: Recipe { r_bin: r_bin.to_path_buf(), packages: self.packages.clone(), keep: self.keep },
                     run_dir: self.run_dir.clone(),
                     spawner: self.spawner.clone(),
                     parent: Mutex::new(None),
@@ -221,7 +237,8 @@ impl Zygote {
         }
         // No huge pages for it nor its forks (so no `glibc.malloc.hugetlb=1`
         // added to its tunables, as a fresh worker's are): `parent_of_forks`.
-        let cmd = Launchable::dying_with_valve(cmd)?.parent_of_forks();
+        // Of root's rights only what forking into apps' users needs: `caps`.
+        let cmd = Launchable::dying_with_valve(cmd)?.parent_of_forks().holding_only(self.recipe.keep);
         let (mut child, own) = self.spawner.spawn(&self.recipe.r_bin, cmd).await?;
         let pid = child.id().ok_or_else(|| io::Error::other("the warm parent exited at once"))?;
         let stdin = child.stdin.take().ok_or_else(|| io::Error::other("no stdin for the warm parent"))?;
