@@ -242,7 +242,9 @@ local({
     # valve hears its pid, or why it could not enter the app's sandbox, at once.
     id <- as.character(job$id)
     report <- function(...) {
-      cat("valve-fork ", id, " ", ..., "\n", sep = "")
+      # One string, so one write: the parent and its other forks write
+      # to the same pipe, and pieces of lines interleaved there.
+      cat(paste0("valve-fork ", id, " ", ..., "\n"))
       flush(stdout())
     }
     # Its environment: the app's variables, its frames token... from valve's
@@ -380,7 +382,7 @@ local({
     }
     # Said at once, by the parent: a fork that dies before it can say
     # anything is noticed then, not at valve's start timeout.
-    cat("valve-fork ", as.character(job$id), " pid ", child$pid, "\n", sep = "")
+    cat(paste0("valve-fork ", as.character(job$id), " pid ", child$pid, "\n"))
     flush(stdout())
   }
 })
