@@ -18,11 +18,11 @@
 
 use std::io;
 
-pub const CAP_DAC_READ_SEARCH: u32 = 2;
-pub const CAP_SETGID: u32 = 6;
-pub const CAP_SETUID: u32 = 7;
-pub const CAP_SETPCAP: u32 = 8;
-pub const CAP_SYS_ADMIN: u32 = 21;
+const CAP_DAC_READ_SEARCH: u32 = 2;
+const CAP_SETGID: u32 = 6;
+const CAP_SETUID: u32 = 7;
+const CAP_SETPCAP: u32 = 8;
+const CAP_SYS_ADMIN: u32 = 21;
 
 /// The rights a parent of forks into apps' users needs.
 const FORKS_INTO_USERS: [u32; 2] = [CAP_SETUID, CAP_SETGID];
@@ -38,7 +38,7 @@ struct Header {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct Data {
     effective: u32,
     permitted: u32,
@@ -56,21 +56,6 @@ pub struct Keep {
 pub fn status_set(status: &str, field: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with(field) && l[field.len()..].starts_with(':'))?;
     u64::from_str_radix(line[field.len() + 1..].trim(), 16).ok()
-}
-
-/// The names of the capabilities in `mask`, as people read them.
-pub fn names(mask: u64) -> Vec<String> {
-    const KNOWN: [(u32, &str); 5] = [
-        (CAP_DAC_READ_SEARCH, "CAP_DAC_READ_SEARCH"),
-        (CAP_SETGID, "CAP_SETGID"),
-        (CAP_SETUID, "CAP_SETUID"),
-        (CAP_SETPCAP, "CAP_SETPCAP"),
-        (CAP_SYS_ADMIN, "CAP_SYS_ADMIN"),
-    ];
-    (0..64)
-        .filter(|c| mask & (1u64 << c) != 0)
-        .map(|c| KNOWN.iter().find(|(k, _)| *k == c).map_or_else(|| format!("capability {c}"), |(_, n)| n.to_string()))
-        .collect()
 }
 
 impl Keep {
@@ -102,10 +87,6 @@ impl Keep {
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(40);
         Ok(Some(Keep::forks_into_users(have, last_cap)))
-    }
-
-    pub fn mask(&self) -> u64 {
-        self.mask
     }
 
     /// Between fork and exec (async-signal-safe: raw system calls only):
@@ -146,15 +127,32 @@ impl Keep {
 mod tests {
     use super::*;
 
+    /// The names of the capabilities in `mask`, as people read them.
+    fn names(mask: u64) -> Vec<String> {
+        const KNOWN: [(u32, &str); 5] = [
+            (CAP_DAC_READ_SEARCH, "CAP_DAC_READ_SEARCH"),
+            (CAP_SETGID, "CAP_SETGID"),
+            (CAP_SETUID, "CAP_SETUID"),
+            (CAP_SETPCAP, "CAP_SETPCAP"),
+            (CAP_SYS_ADMIN, "CAP_SYS_ADMIN"),
+        ];
+        (0..64)
+            .filter(|c| mask & (1u64 << c) != 0)
+            .map(|c| {
+                KNOWN.iter().find(|(k, _)| *k == c).map_or_else(|| format!("capability {c}"), |(_, n)| n.to_string())
+            })
+            .collect()
+    }
+
     #[test]
     fn a_parent_of_forks_keeps_only_switching_users_and_views_of_what_valve_has() {
         let all = (1u64 << 41) - 1;
         let keep = Keep::forks_into_users(all, 40);
-        assert_eq!(names(keep.mask()), ["CAP_DAC_READ_SEARCH", "CAP_SETGID", "CAP_SETUID", "CAP_SYS_ADMIN"]);
+        assert_eq!(names(keep.mask), ["CAP_DAC_READ_SEARCH", "CAP_SETGID", "CAP_SETUID", "CAP_SYS_ADMIN"]);
         // Without CAP_SYS_ADMIN (no private views), neither it nor reading
         // past permissions is kept.
         let keep = Keep::forks_into_users(all & !(1u64 << CAP_SYS_ADMIN), 40);
-        assert_eq!(names(keep.mask()), ["CAP_SETGID", "CAP_SETUID"]);
+        assert_eq!(names(keep.mask), ["CAP_SETGID", "CAP_SETUID"]);
     }
 
     #[test]

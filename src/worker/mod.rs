@@ -24,7 +24,7 @@
 //! (`RLauncher`), `watch` (a serving worker's exit, stops and samples).
 
 pub mod builders;
-pub mod caps;
+mod caps;
 mod conn;
 mod fork;
 mod frames;
