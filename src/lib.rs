@@ -157,6 +157,8 @@ pub async fn run(
     // Orphans (forks of a preload parent that died) are valve's to reap, for as
     // long as valve runs workers.
     let _reaper = tokio_util::task::AbortOnDropHandle::new(worker::reap::start());
+    // As root: valve's side of the privileged spawner, which stops valve if the spawner dies.
+    let _ = worker::privsep::client();
     let fleet = Fleet::new(config.server.max_workers);
     // One listener for every frames worker of this valve (plumber apps, now or after a reload).
     let frames = match config.server.worker_transport {

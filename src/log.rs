@@ -79,16 +79,23 @@ pub fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
 /// An error before logging is set up (bad flags): one plain line for people,
 /// or one JSON object like the log's own.
 pub fn early_error(json: bool, message: &str) {
+    early_line(json, "ERROR", "valve", message);
+}
+
+/// A line in valve's log format, written straight to standard error by a
+/// process without the log (the privileged spawner): `level` as tracing
+/// says it, from `target`.
+pub fn early_line(json: bool, level: &str, target: &str, message: &str) {
     if json {
         let line = serde_json::json!({
             "timestamp": humantime_now(),
-            "level": "ERROR",
+            "level": level,
             "fields": { "message": message },
-            "target": "valve",
+            "target": target,
         });
         eprintln!("{line}");
     } else {
-        eprintln!("valve: error: {message}");
+        eprintln!("valve: {}: {message}", level.to_lowercase());
     }
 }
 

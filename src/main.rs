@@ -69,6 +69,19 @@ fn main() -> ExitCode {
         print!("{}", valve::config::table(&config));
         return ExitCode::SUCCESS;
     }
+    // As root, the one process that starts valve's processes, forked while
+    // valve is still one thread: before the log and the runtime.
+    match valve::worker::privsep::start(&config, args.uid_range(), &args.r_bin, json) {
+        Ok(valve::worker::privsep::Side::Server) => {}
+        Ok(valve::worker::privsep::Side::Spawner(serve)) => {
+            serve();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            valve::log::early_error(json, &format!("cannot start the privileged spawner: {e}"));
+            return ExitCode::from(EXIT_START);
+        }
+    }
     // Created before the log, which hands valve's lines about each app to that app's log.
     let registry = Arc::new(Registry::default());
     let log = valve::log::init(json, Some(valve::applog::Layer::beside_the_log(registry.logs.clone())));
@@ -87,6 +100,9 @@ fn main() -> ExitCode {
     };
     let code = runtime.block_on(serve(config, source, &log, registry));
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    if valve::worker::privsep::lost() {
+        return ExitCode::from(EXIT_START);
+    }
     code
 }
 

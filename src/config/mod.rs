@@ -44,7 +44,7 @@ mod site;
 mod source;
 mod table;
 pub mod tls;
-mod uid_store;
+pub(crate) mod uid_store;
 mod uids;
 mod users;
 

@@ -198,6 +198,12 @@ impl Store {
         Ok(Some(uid))
     }
 
+    /// The uid the table gives `name`, read now (`None`: no such name, or no
+    /// table that can be read).
+    pub fn known(&self, name: &str) -> Option<u32> {
+        self.read_table(&self.table_path()).ok().flatten()?.get(name).copied()
+    }
+
     /// The table, or `None` when there is none yet.
     fn read_table(&self, path: &Path) -> Result<Option<Table>, String> {
         let what = "the app uid table";

@@ -12,19 +12,19 @@
 use std::io::{self, Read as _, Write as _};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustix::fs::{Mode, OFlags};
 use rustix::process::Signal;
 use tokio::io::AsyncWriteExt;
-use tokio::process::Command;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::process::pid_of;
 use super::sandbox::{self, safe, Prepared, Site};
-use super::spawn::{Launchable, Spawner};
+use super::job::{Io, Job};
+use super::launchable::{Launchable, Spawner};
+use super::privsep::wire::Kind;
 use crate::config::Isolation;
 
 /// The most bytes of one fetched tarball valve reads back.
@@ -180,30 +180,23 @@ impl Scratch {
         stdin: &[u8],
         timeout: Duration,
     ) -> Result<std::process::Output, String> {
-        let mut cmd = Command::new(r_bin);
+        let mut cmd = Job::new(r_bin);
         cmd.args(args)
             .env_clear()
             .envs(sandbox::build::build_env(&self.path, self.view, library))
             .current_dir(&self.path)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        let cmd = Launchable::new(cmd, Some(self.prepared.clone())).map_err(|e| e.to_string())?;
+            .stdin(Io::Piped);
+        let cmd = Launchable::new(cmd, Kind::Builder, Some(self.prepared.clone()));
         let spawner = Spawner::shared().map_err(|e| e.to_string())?;
-        let (mut child, _own) = spawner.spawn(r_bin, cmd).await.map_err(|e| e.to_string())?;
-        let pid = child.id().unwrap_or_default();
+        let mut child = spawner.spawn(r_bin, cmd).await.map_err(|e| e.to_string())?;
         if let Some(mut input) = child.stdin.take() {
             let _ = input.write_all(stdin).await;
         }
         match tokio::time::timeout(timeout, child.wait_with_output()).await {
             Ok(Ok(output)) => Ok(output),
             Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => {
-                let _ = rustix::process::kill_process_group(pid_of(pid), Signal::KILL);
-                Err(format!("it took longer than {}s", timeout.as_secs()))
-            }
+            // Its process group is killed with it (`Child` dropped).
+            Err(_) => Err(format!("it took longer than {}s", timeout.as_secs())),
         }
     }
 

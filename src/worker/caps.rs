@@ -29,6 +29,11 @@ const FORKS_INTO_USERS: [u32; 2] = [CAP_SETUID, CAP_SETGID];
 /// And where it makes private views (valve has CAP_SYS_ADMIN).
 const VIEWS: [u32; 2] = [CAP_SYS_ADMIN, CAP_DAC_READ_SEARCH];
 
+/// The highest capability this kernel knows.
+fn last_cap() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(40)
+}
+
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
 #[repr(C)]
@@ -82,11 +87,17 @@ impl Keep {
         if have & (1u64 << CAP_SETPCAP) == 0 {
             return Err("valve lacks CAP_SETPCAP".into());
         }
-        let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(40);
-        Ok(Some(Keep::forks_into_users(have, last_cap)))
+        Ok(Some(Keep::forks_into_users(have, last_cap())))
+    }
+
+    /// The kept capabilities as a mask (what the spawner is asked to keep).
+    pub fn mask(&self) -> u64 {
+        self.mask
+    }
+
+    /// `mask` of this kernel's capabilities (the spawner's side of `mask`).
+    pub fn of_mask(mask: u64) -> Keep {
+        Keep { mask, last_cap: last_cap() }
     }
 
     /// Between fork and exec (async-signal-safe: raw system calls only):

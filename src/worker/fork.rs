@@ -23,14 +23,14 @@
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use rustix::process::Signal;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin};
+use super::child::{Child, ChildStdin};
+use super::job::Io;
 use tokio::sync::{oneshot, watch, Mutex};
 
 use super::conn::{Conn, Connect};
@@ -297,9 +297,8 @@ impl Process for Fork {
 
 /// Waits for a parent that forks workers (an app's preload parent, the warm
 /// parent) to exit, and says how, with its last lines of output.
-pub(super) async fn wait_parent(mut child: Child, own: super::reap::Own, tail: Arc<Tail>) -> ParentExit {
+pub(super) async fn wait_parent(mut child: Child, tail: Arc<Tail>) -> ParentExit {
     let status = child.wait().await;
-    drop(own);
     // Its last output lines may still be on their way to the tail.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let (status, code) = match status {
@@ -313,8 +312,8 @@ async fn start_parent(spec: &Spec, spawner: &Spawner) -> Result<Parent, StartErr
     let mut cmd = spec.command("preload")?.parent_of_forks();
     cmd.env("VALVE_PID", std::process::id().to_string())
         .env("VALVE_START_TIME", own_start_time().unwrap_or_default())
-        .stdin(Stdio::piped());
-    let (mut child, own) = spawner.spawn(&spec.r_bin, cmd).await?;
+        .stdin(Io::Piped);
+    let mut child = spawner.spawn(&spec.r_bin, cmd).await?;
     let pid = child.id().ok_or_else(|| io::Error::other("the preload parent exited at once"))?;
     let stdin = child.stdin.take().ok_or_else(|| io::Error::other("no stdin for the preload parent"))?;
     let tail = Arc::new(Tail::default());
@@ -322,7 +321,7 @@ async fn start_parent(spec: &Spec, spawner: &Spawner) -> Result<Parent, StartErr
     let (tx, gone) = watch::channel(None);
     let app = spec.name.clone();
     tokio::spawn(async move {
-        let exit = wait_parent(child, own, tail).await;
+        let exit = wait_parent(child, tail).await;
         tracing::warn!(app = %app, worker = PARENT_ID, pid, status = exit.status, "preload parent exited; forked workers keep serving");
         let _ = tx.send(Some(exit));
     });

@@ -10,7 +10,6 @@
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -20,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::conn::Conn;
 use super::conn::{Connect, EngineConnector, SocketConnector};
 use super::fork;
+use super::job::Io;
 use super::output::{self, Tail};
 use super::process::{Exit, Launch, Launched, MemoryProbe, Process, StartError, Stop};
 use super::render;
@@ -152,19 +152,19 @@ async fn spawn_plain(
     cmd.env("VALVE_SOCKET", socket)
         .env("VALVE_LINK_TOKEN", super::conn::link_token(socket))
         .env("VALVE_WORKER_ID", id.to_string())
-        .stdin(Stdio::null());
+        .stdin(Io::Null);
     if let Some(token) = spec.frame_token(id) {
         cmd.env("VALVE_FRAME_TOKEN", token);
     }
     if let Some(port) = engine_port {
         cmd.env("VALVE_ENGINE_HOST", Ipv4Addr::LOCALHOST.to_string()).env("VALVE_ENGINE_PORT", port.to_string());
     }
-    let (mut child, own) = spawner.spawn(&spec.r_bin, cmd).await?;
+    let mut child = spawner.spawn(&spec.r_bin, cmd).await?;
     let pid = child.id().ok_or_else(|| io::Error::other("worker exited at once"))?;
     let tail = Arc::new(Tail::default());
     output::forward(&mut child, &spec.sink(id, tail.clone()));
     tracing::debug!(app = %spec.name, worker = id, pid, "worker launched");
-    Ok(Plain::new(child, own, pid, tail)?)
+    Ok(Plain::new(child, pid, tail))
 }
 
 /// A worker asked of the warm parent. If the fork finds the app needs a

@@ -18,20 +18,27 @@
 //! `output` (a worker's output as log lines), `frames` (valve's own
 //! protocol: `link` under `conn`, `hub` over it), `conn` (a connection of
 //! either transport), `process` (the interfaces and /proc), `reap`,
-//! `spawn` (plain workers), `caps` (what the warm parent keeps of root's), `render` (a `shiny_prerendered` document's one
+//! `job` (what to start, as a value), `launchable` (starting it: the steps
+//! between fork and exec, valve's spawner thread), `privsep` (as root, the
+//! privileged spawner process every start goes through), `child` (a started
+//! process, wherever it was started), `spawn` (plain workers), `caps` (what the warm parent keeps of root's), `render` (a `shiny_prerendered` document's one
 //! render, before its workers), `packages` (which versions of some packages
 //! an app's R finds: a published bundle's check), `fork` (`--preload`), `launcher`
 //! (`RLauncher`), `watch` (a serving worker's exit, stops and samples).
 
 pub mod builders;
 mod caps;
+mod child;
 mod conn;
 mod fork;
 mod frames;
+mod job;
+mod launchable;
 mod launcher;
 mod lifeline;
 mod output;
 pub mod packages;
+pub mod privsep;
 mod process;
 pub mod reap;
 mod render;

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::process::Child;
+use super::child::Child;
 
 use super::wire::WorkerId;
 

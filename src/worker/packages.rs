@@ -6,12 +6,11 @@
 //! (Packages are built by `builders`, never as the app.)
 
 use std::io;
-use std::process::Stdio;
 use std::time::Duration;
 
-use rustix::process::Signal;
 
-use super::process::{pid_of, Exit, StartError};
+use super::job::Io;
+use super::process::{Exit, StartError};
 use super::spawn::{Spawner, Spec};
 
 /// What the app's R has of the packages asked about.
@@ -37,17 +36,13 @@ pub async fn installed(spec: &Spec, names: &[String], timeout: Duration) -> Resu
     }
     let spawner = Spawner::shared().map_err(StartError::Io)?;
     let mut cmd = spec.command("packages").map_err(StartError::Io)?;
-    cmd.env("VALVE_PACKAGES", names.join("\n")).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let (child, _own) = spawner.spawn(&spec.r_bin, cmd).await?;
-    let pid = child.id().unwrap_or_default();
+    cmd.env("VALVE_PACKAGES", names.join("\n")).stdin(Io::Null).stdout(Io::Piped).stderr(Io::Piped);
+    let child = spawner.spawn(&spec.r_bin, cmd).await?;
     let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
         Ok(Ok(output)) => output,
         Ok(Err(e)) => return Err(StartError::Io(e)),
-        Err(_) => {
-            // Not reaped yet (its output is still being read): the group is its own.
-            let _ = rustix::process::kill_process_group(pid_of(pid), Signal::KILL);
-            return Err(StartError::Timeout(timeout, Vec::new()));
-        }
+        // Its process group is killed with it (`Child` dropped, not reaped).
+        Err(_) => return Err(StartError::Timeout(timeout, Vec::new())),
     };
     let stdout = String::from_utf8_lossy(&output.stdout);
     let tail: Vec<String> =

@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,7 +14,8 @@ use rustix::process::Signal;
 use tokio_util::sync::CancellationToken;
 
 use super::output::{forward, Tail, NOT_A_WORKER};
-use super::process::{pid_of, Exit, RenderError, StartError};
+use super::job::Io;
+use super::process::{Exit, RenderError, StartError};
 use super::spawn::{Spawner, Spec};
 
 /// Why a render failed, kept by the generation (every worker launch reports it).
@@ -60,13 +60,12 @@ pub(super) async fn prerender(spec: &Spec, spawner: &Spawner, stop: &Cancellatio
     tracing::info!(app = %spec.name, doc = %doc, "rendering the shiny_prerendered document once, before its workers start");
     let started = Instant::now();
     let mut cmd = spec.command("render").map_err(|e| Failed::new(e.to_string()))?;
-    cmd.stdin(Stdio::null());
+    cmd.stdin(Io::Null);
     if spec.app.quarto() {
         let quarto = quarto_binary().map_err(|path| Failed::new(format!("quarto is not on the PATH ({path})")))?;
         cmd.env("VALVE_QUARTO", quarto);
     }
-    let (mut child, _own) = spawner.spawn(&spec.r_bin, cmd).await.map_err(|e| Failed::new(e.to_string()))?;
-    let pid = child.id().unwrap_or_default();
+    let mut child = spawner.spawn(&spec.r_bin, cmd).await.map_err(|e| Failed::new(e.to_string()))?;
     let tail = Arc::new(Tail::default());
     let readers = forward(&mut child, &spec.sink(NOT_A_WORKER, tail.clone()));
     let ended = tokio::select! {
@@ -81,7 +80,7 @@ pub(super) async fn prerender(spec: &Spec, spawner: &Spawner, stop: &Cancellatio
         Ok(status) => status,
         Err(message) => {
             // Not reaped yet: the group it leads is still its own.
-            let _ = rustix::process::kill_process_group(pid_of(pid), Signal::KILL);
+            child.signal_group(Signal::KILL);
             let _ = child.wait().await;
             return Err(Failed { message, code: None, tail: tail.lines() });
         }

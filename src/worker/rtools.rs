@@ -4,15 +4,13 @@
 //! packages is a builder's (`builders`), never valve's.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
-use rustix::process::Signal;
 use tokio::io::AsyncWriteExt;
-use tokio::process::Command;
 
-use super::process::pid_of;
-use super::spawn::{Launchable, Spawner};
+use super::job::{Io, Job};
+use super::launchable::{Launchable, Spawner};
+use super::privsep::wire::Kind;
 
 /// What one R installation is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +30,12 @@ cat("valve-r-platform", R.version$platform, "\n")
 cat("valve-r-own", .Library, "\n")
 for (p in .libPaths()) cat("valve-r-lib", p, "\n")
 "#;
+
+/// The arguments of valve's one question to R about itself (the privileged
+/// spawner starts R as root with these and no others).
+pub(crate) fn probe_args() -> Vec<String> {
+    ["--vanilla", "--no-echo", "-e", FACTS].map(String::from).to_vec()
+}
 
 /// Asks `r_bin` what it is.
 pub async fn facts(r_bin: &Path) -> Result<RFacts, String> {
@@ -58,27 +62,19 @@ pub async fn facts(r_bin: &Path) -> Result<RFacts, String> {
 /// Runs `code` in `r_bin --vanilla` with `stdin`, within `timeout`: its
 /// standard output, or what went wrong with its last lines.
 async fn run(r_bin: &Path, code: &str, stdin: &str, timeout: Duration) -> Result<String, String> {
-    let mut cmd = Command::new(r_bin);
-    cmd.args(["--vanilla", "--no-echo", "-e", code])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
+    let mut cmd = Job::new(r_bin);
+    cmd.args(["--vanilla", "--no-echo", "-e", code]).stdin(Io::Piped);
     let spawner = Spawner::shared().map_err(|e| e.to_string())?;
-    let cmd = Launchable::dying_with_valve(cmd).map_err(|e| e.to_string())?;
-    let (mut child, _own) = spawner.spawn(r_bin, cmd).await.map_err(|e| e.to_string())?;
-    let pid = child.id().unwrap_or_default();
+    let cmd = Launchable::new(cmd, Kind::Probe, None);
+    let mut child = spawner.spawn(r_bin, cmd).await.map_err(|e| e.to_string())?;
     if let Some(mut input) = child.stdin.take() {
         let _ = input.write_all(stdin.as_bytes()).await;
     }
     let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
         Ok(Ok(output)) => output,
         Ok(Err(e)) => return Err(e.to_string()),
-        Err(_) => {
-            let _ = rustix::process::kill_process_group(pid_of(pid), Signal::KILL);
-            return Err(format!("{} took longer than {}s", r_bin.display(), timeout.as_secs()));
-        }
+        // Its process group is killed with it (`Child` dropped).
+        Err(_) => return Err(format!("{} took longer than {}s", r_bin.display(), timeout.as_secs())),
     };
     if !output.status.success() {
         let err = String::from_utf8_lossy(&output.stderr);

@@ -1,27 +1,21 @@
-//! Starting plain R workers: the R command line and environment every
-//! worker of an app shares (`Spec`), valve's private run directory, the one
-//! long-lived spawner thread (the parent-death signal follows the thread
-//! that forked), a plain worker process (`Plain`: the leader of its own
-//! process group, watched through its pidfd), and waiting until a starting
-//! worker answers.
+//! Plain R workers: the R command line and environment every worker of an
+//! app shares (`Spec`), valve's private run directory, a plain worker
+//! process (`Plain`: the leader of its own process group), and waiting
+//! until a starting worker answers. Starting one: `launchable`.
 
 use std::io;
-use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustix::process::{Pid, Signal};
-use tokio::io::unix::AsyncFd;
-use tokio::process::{Child, Command};
-use tokio::sync::oneshot;
-
+use super::child::Child;
 use super::conn::{Conn, Connect};
 use super::frames::FrameHub;
+use super::job::{Io, Job};
+pub(super) use super::launchable::{Launchable, Spawner};
 use super::output::{Hooks, OutputHook, Sink, Tail};
-use super::process::{pid_of, pidfd_open, signal, Exit, MemoryProbe, Process, StartError, Stop};
-use super::reap;
+use super::privsep::wire::Kind;
+use super::process::{signal, Exit, MemoryProbe, Process, StartError, Stop};
 use super::sandbox::{self, Prepared, Sandbox};
 use super::wire::{BoxFuture, WorkerId};
 use crate::config::AppSource;
@@ -111,123 +105,6 @@ pub fn run_dir() -> io::Result<Arc<tempfile::TempDir>> {
         std::fs::set_permissions(lib.join(name), std::fs::Permissions::from_mode(mode))?;
     }
     Ok(Arc::new(dir))
-}
-
-/// A command to start R, with what reports which step of entering the
-/// sandbox failed (the child can only say a number).
-pub(super) struct Launchable {
-    pub cmd: Command,
-    report: Option<(OwnedFd, Arc<Prepared>)>,
-}
-
-impl std::ops::Deref for Launchable {
-    type Target = Command;
-    fn deref(&self) -> &Command {
-        &self.cmd
-    }
-}
-
-impl std::ops::DerefMut for Launchable {
-    fn deref_mut(&mut self) -> &mut Command {
-        &mut self.cmd
-    }
-}
-
-impl Launchable {
-    /// `cmd`, started so that it dies with valve (a parent-death signal), and,
-    /// between fork and exec, entering `sandbox`.
-    pub(super) fn new(mut cmd: Command, sandbox: Option<Arc<Prepared>>) -> io::Result<Launchable> {
-        let parent = std::process::id();
-        let lifeline = super::lifeline::read_end();
-        if let Some(fd) = lifeline {
-            cmd.env("VALVE_LIFELINE", fd.to_string());
-        }
-        let mut report = None;
-        let enter = match sandbox {
-            Some(prepared) => {
-                let (read, write) =
-                    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK)?;
-                report = Some((read, prepared.clone()));
-                Some((prepared, write))
-            }
-            None => None,
-        };
-        // SAFETY: only async-signal-safe calls (raw prctl, getppid, the
-        // sandbox's system calls, write and _exit) between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                if let Some(fd) = lifeline {
-                    super::lifeline::keep_in_child(fd)?;
-                }
-                rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
-                // valve may have died between fork and prctl; then nobody would kill us.
-                if rustix::process::getppid().map(Pid::as_raw_nonzero).map(|p| p.get() as u32) != Some(parent) {
-                    return Err(io::Error::other("valve exited while the worker started"));
-                }
-                if let Some((prepared, write)) = &enter {
-                    if let Err((step, error)) = prepared.enter() {
-                        let _ = rustix::io::write(write, &(step as u32).to_le_bytes());
-                        return Err(error);
-                    }
-                    // Becoming the app's user cleared the death signal (the
-                    // kernel does on every change of credentials): again.
-                    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
-                    if rustix::process::getppid().map(Pid::as_raw_nonzero).map(|p| p.get() as u32) != Some(parent) {
-                        return Err(io::Error::other("valve exited while the worker started"));
-                    }
-                }
-                Ok(())
-            });
-        }
-        Ok(Launchable { cmd, report })
-    }
-
-    /// For an R process valve starts to fork workers from (the warm parent, a
-    /// `--preload` parent): no transparent huge pages, for it and its forks
-    /// (the kernel keeps the switch across fork and exec; `HUGE_PAGES` then
-    /// asks for nothing). A fork writing into a huge page it shares with its
-    /// parent paid for it on its slowest requests: with huge pages a warm
-    /// parent's fork had a p99 2-3 % over a fresh R's on bench/packages' c.,
-    /// without them within 1 %; its R CPU per GET /echo stayed within this
-    /// machine's noise (bench/r-cost).
-    pub(super) fn parent_of_forks(mut self) -> Launchable {
-        // SAFETY: one raw prctl between fork and exec. Its failure (a kernel
-        // before 3.15) leaves huge pages as they were.
-        unsafe {
-            self.cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
-                Ok(())
-            });
-        }
-        self
-    }
-
-    /// Started as root, keeping only `keep` of root's capabilities (nothing
-    /// to do when `None`: valve is not root).
-    pub(super) fn holding_only(mut self, keep: Option<super::caps::Keep>) -> Launchable {
-        if let Some(keep) = keep {
-            // SAFETY: `apply` makes raw prctl and capset calls only.
-            unsafe {
-                self.cmd.pre_exec(move || keep.apply());
-            }
-        }
-        self
-    }
-
-    /// `cmd`, dying with valve, in no sandbox (valve's own helpers: the warm parent).
-    pub(super) fn dying_with_valve(cmd: Command) -> io::Result<Launchable> {
-        Launchable::new(cmd, None)
-    }
-
-    /// The step that failed in the child, if one did.
-    fn failed_step(&self) -> Option<String> {
-        let (read, prepared) = self.report.as_ref()?;
-        let mut n = [0u8; 4];
-        match rustix::io::read(read, &mut n) {
-            Ok(4) => prepared.step_name(u32::from_le_bytes(n) as usize).map(str::to_string),
-            _ => None,
-        }
-    }
 }
 
 impl Spec {
@@ -321,7 +198,7 @@ impl Spec {
     /// `R --file=launcher.R` with the environment every launcher mode reads,
     /// entering the app's sandbox between fork and exec.
     pub(super) fn command(&self, mode: &str) -> io::Result<Launchable> {
-        let mut cmd = Command::new(&self.r_bin);
+        let mut cmd = Job::new(&self.r_bin);
         if self.isolated() {
             // Of valve's own environment, only what `sandbox::inherited` allows.
             cmd.env_clear().envs(sandbox::allowed_env());
@@ -332,12 +209,10 @@ impl Spec {
             .arg(format!("--file={}", self.launcher.display()))
             .current_dir(self.app.workdir())
             .envs(self.worker_env(mode))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
+            .stdout(Io::Piped)
+            .stderr(Io::Piped);
         let prepared = self.sandbox.as_ref().map(|(_, p)| p.clone()).filter(|p| !p.is_empty());
-        Launchable::new(cmd, prepared)
+        Ok(Launchable::new(cmd, Kind::App, prepared).for_app(&self.name))
     }
 
     /// What a worker's R process has in its environment besides what it
@@ -415,86 +290,17 @@ impl Spec {
     }
 }
 
-/// A command for the spawner thread, the runtime its child belongs to, and
-/// where to send the child.
-type SpawnJob = (Launchable, tokio::runtime::Handle, oneshot::Sender<(Launchable, io::Result<(Child, reap::Own)>)>);
-
-/// The process's one spawner, started on first use and never stopped.
-static SHARED: std::sync::OnceLock<Spawner> = std::sync::OnceLock::new();
-
-/// Starts processes from one long-lived thread. Linux delivers the parent-death
-/// signal when the *thread* that forked a child exits, so children must not be
-/// forked from threads that come and go (tokio's blocking pool). One thread
-/// serves the whole process, every app and generation alike: valve's threads
-/// do not grow with its apps, and the thread lives as long as valve (the
-/// static below holds its channel open), so no child is killed early.
-#[derive(Clone, Debug)]
-pub(super) struct Spawner {
-    jobs: std::sync::mpsc::Sender<SpawnJob>,
-}
-
-impl Spawner {
-    /// The process's spawner (its thread is started the first time).
-    pub(super) fn shared() -> io::Result<Self> {
-        if let Some(spawner) = SHARED.get() {
-            return Ok(spawner.clone());
-        }
-        // Two callers racing here both start a thread; the loser's is dropped
-        // before it forked anything, and its thread ends with its channel.
-        let spawner = Spawner::start()?;
-        Ok(SHARED.get_or_init(|| spawner).clone())
-    }
-
-    fn start() -> io::Result<Self> {
-        let (jobs, rx) = std::sync::mpsc::channel::<SpawnJob>();
-        std::thread::Builder::new().name("valve-spawner".into()).spawn(move || {
-            for (mut cmd, runtime, reply) in rx {
-                // The child is watched by the runtime of whoever asked (tests run several).
-                let _runtime = runtime.enter();
-                let spawned = reap::spawn(&mut cmd.cmd);
-                let _ = reply.send((cmd, spawned));
-            }
-        })?;
-        Ok(Spawner { jobs })
-    }
-
-    /// Spawns `cmd`; the child is valve's own (the reaper leaves it to tokio)
-    /// while the returned `Own` lives.
-    pub(super) async fn spawn(&self, r_bin: &Path, cmd: Launchable) -> Result<(Child, reap::Own), StartError> {
-        let (tx, rx) = oneshot::channel();
-        let gone = || StartError::Io(io::Error::other("spawner thread is gone"));
-        let runtime = tokio::runtime::Handle::try_current().map_err(|e| StartError::Io(io::Error::other(e)))?;
-        self.jobs.send((cmd, runtime, tx)).map_err(|_| gone())?;
-        let (cmd, spawned) = rx.await.map_err(|_| gone())?;
-        if let (Err(error), Some(step)) = (&spawned, cmd.failed_step()) {
-            return Err(StartError::Sandbox { step, error: io::Error::new(error.kind(), error.to_string()) });
-        }
-        spawned.map_err(|e| StartError::NoR {
-            r_bin: r_bin.display().to_string(),
-            reason: match e.kind() {
-                io::ErrorKind::NotFound => {
-                    "not found (install R, e.g. `apt-get install r-base-core r-cran-plumber`, or pass --r-bin)".into()
-                }
-                io::ErrorKind::PermissionDenied => "permission denied (is it executable?)".into(),
-                _ => e.to_string(),
-            },
-        })
-    }
-}
-
-/// A plain worker: valve's own child, leader of its own process group.
+/// A plain worker: the leader of its own process group.
 pub(super) struct Plain {
     child: Child,
-    _own: reap::Own,
     pid: u32,
-    pidfd: AsyncFd<OwnedFd>,
     tail: Arc<Tail>,
     exit: Option<Exit>,
 }
 
 impl Plain {
-    pub(super) fn new(child: Child, own: reap::Own, pid: u32, tail: Arc<Tail>) -> io::Result<Self> {
-        Ok(Plain { pidfd: pidfd_open(pid)?, child, _own: own, pid, tail, exit: None })
+    pub(super) fn new(child: Child, pid: u32, tail: Arc<Tail>) -> Self {
+        Plain { child, pid, tail, exit: None }
     }
 }
 
@@ -534,11 +340,7 @@ impl Process for Plain {
             if let Some(exit) = &self.exit {
                 return exit.clone();
             }
-            // Readable once the worker is a zombie: not reaped yet, so its pid,
-            // and the process group it leads, cannot have been taken by anyone
-            // else. Anything the worker started in its group goes with it.
-            let _ = self.pidfd.readable().await;
-            let _ = rustix::process::kill_process_group(pid_of(self.pid), Signal::KILL);
+            // Anything the worker started in its group goes with it.
             let exit = match self.child.wait().await {
                 Ok(status) => Exit::from_status(status),
                 Err(_) => Exit::Unknown,
@@ -554,7 +356,7 @@ impl Process for Plain {
         }
         // The whole group: whatever R started (a `system()` call) stops too.
         // Safe: the leader is not reaped before `exited` has seen its exit.
-        let _ = rustix::process::kill_process_group(pid_of(self.pid), signal(stop));
+        self.child.signal_group(signal(stop));
     }
 
     fn memory(&self) -> Option<MemoryProbe> {

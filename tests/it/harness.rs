@@ -110,6 +110,22 @@ pub fn state_and_parent(pid: u32) -> Option<(String, u32)> {
 }
 
 /// The direct children of a process.
+/// valve's privileged spawner (valve as root), if `pid` has one.
+pub fn spawner_of(pid: u32) -> Option<u32> {
+    children(pid).into_iter().find(|c| {
+        std::fs::read_to_string(format!("/proc/{c}/comm")).is_ok_and(|n| n.trim() == "valve-spawner")
+    })
+}
+
+/// The processes valve started: its children, or as root its spawner's.
+pub fn started_by(valve: u32) -> Vec<u32> {
+    let mut out: Vec<u32> = children(valve).into_iter().filter(|c| Some(*c) != spawner_of(valve)).collect();
+    if let Some(spawner) = spawner_of(valve) {
+        out.extend(children(spawner));
+    }
+    out
+}
+
 pub fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
@@ -391,7 +407,7 @@ impl Valve {
     /// `--preload` the forks of its preload parent.
     pub fn workers(&self) -> Vec<u32> {
         let mut workers = Vec::new();
-        for child in children(self.pid()) {
+        for child in started_by(self.pid()) {
             if is_preload_parent(child) {
                 workers.extend(children(child));
             } else {
@@ -403,7 +419,7 @@ impl Valve {
 
     /// The preload parent, if valve runs with `--preload`.
     pub fn preload_parent(&self) -> Option<u32> {
-        children(self.pid()).into_iter().find(|p| is_preload_parent(*p))
+        started_by(self.pid()).into_iter().find(|p| is_preload_parent(*p))
     }
 
     /// Every R process valve runs (workers and any preload parent).

@@ -39,6 +39,7 @@ mod rules;
 mod scaling;
 mod shiny;
 mod site;
+mod spawner;
 mod statics;
 mod traces;
 mod uids;

@@ -40,6 +40,37 @@ pub struct Prepared {
     /// The same steps as lines for the C executor a warm parent's fork runs
     /// (src/worker/zygote/enter.c).
     lines: Vec<String>,
+    /// What it was made of, for the privileged spawner to check and make
+    /// again (`None` with a Landlock ruleset: valve is not root, it starts
+    /// its processes itself).
+    owned: Option<Owned>,
+}
+
+/// `Spec` as a value of its own (without Landlock), as valve's server sends
+/// it to the privileged spawner.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Owned {
+    pub steps: Option<Steps>,
+    pub workdir: Option<std::path::PathBuf>,
+    pub data_limit: Option<u64>,
+    pub oom_score_adj: Option<i32>,
+    /// uid, gid, supplementary groups.
+    pub ids: Option<(u32, u32, Vec<u32>)>,
+}
+
+impl Owned {
+    /// The spec it holds.
+    pub fn spec(&self) -> Spec<'_> {
+        Spec {
+            steps: self.steps.as_ref(),
+            workdir: self.workdir.as_deref(),
+            data_limit: self.data_limit,
+            oom_score_adj: self.oom_score_adj,
+            ids: self.ids.as_ref().map(|(u, g, groups)| (*u, *g, groups.as_slice())),
+            landlock: None,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -86,6 +117,13 @@ impl Prepared {
     pub fn new(spec: Spec<'_>) -> io::Result<Prepared> {
         let mut names = Vec::new();
         let lines = fork_lines(&spec);
+        let owned = spec.landlock.is_none().then(|| Owned {
+            steps: spec.steps.cloned(),
+            workdir: spec.workdir.map(Path::to_path_buf),
+            data_limit: spec.data_limit,
+            oom_score_adj: spec.oom_score_adj,
+            ids: spec.ids.map(|(u, g, groups)| (u, g, groups.to_vec())),
+        });
         let view = match spec.steps {
             None => None,
             Some(steps) => {
@@ -178,7 +216,12 @@ impl Prepared {
             }
             None => None,
         };
-        Ok(Prepared { view, workdir, data_limit: spec.data_limit, oom_score_adj, ids, landlock, names, lines })
+        Ok(Prepared { view, workdir, data_limit: spec.data_limit, oom_score_adj, ids, landlock, names, lines, owned })
+    }
+
+    /// What it was made of, when it has no Landlock ruleset.
+    pub fn owned(&self) -> Option<&Owned> {
+        self.owned.as_ref()
     }
 
     /// The steps as the C executor of a warm parent's fork reads them.

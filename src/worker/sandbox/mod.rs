@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 pub use as_user::{as_user, ids_of};
 pub use dirs::RunFolder;
-pub use enter::Prepared;
+pub use enter::{Owned as SandboxSpec, Prepared};
 pub use probe::{guard_valve, probe};
 pub use view::View;
 

@@ -27,7 +27,8 @@ pub struct View {
 }
 
 /// How a path is covered.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Cover {
     /// An empty, read-only-for-apps tmpfs over a folder.
     Empty(PathBuf),
@@ -40,7 +41,8 @@ pub enum Cover {
 }
 
 /// The steps, in the order they must run.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Steps {
     /// Trees to clone before anything is covered (numbered by position).
     pub clones: Vec<PathBuf>,

@@ -36,6 +36,13 @@
  * On failure it stops at once and says which line failed and the errno.
  * Nothing here allocates or depends on R: it is plain system calls.
  *
+ * As root (the warm parent's forks), the steps must first keep the rules
+ * the privileged spawner gave the parent when it started it, read once
+ * when this library is loaded (VALVE_FORK_RULES: "LO HI UID GID EXTRA,..."):
+ * one `uid` line, never root's nor valve's server's, in LO-HI or one of the
+ * EXTRA uids the settings give apps; no gid or group root's or the
+ * server's; `fsids` only the uid's own or root's. Else nothing is run.
+ *
  * valve_open_env() opens the file valve wrote a fork's environment to, as
  * a handle: never through a link (O_NOFOLLOW), only a regular file of
  * valve's own uid with one name; it removes the name at once.
@@ -112,6 +119,82 @@ struct valve_path_beneath {
 
 #define MAX_CLONES 32
 #define MAX_GROUPS 256
+#define MAX_EXTRA 256
+
+static const char *arg(const char *line, const char *cmd);
+
+/* The rules of forks as root, from the spawner (see above). */
+static int rules_read = 0;
+static unsigned long rule_lo, rule_hi, rule_uid, rule_gid;
+static unsigned long rule_extra[MAX_EXTRA];
+static size_t rule_extras = 0;
+
+__attribute__((constructor)) static void read_rules(void) {
+  const char *r = getenv("VALVE_FORK_RULES");
+  if (r == NULL) return;
+  char *end;
+  rule_lo = strtoul(r, &end, 10);
+  if (*end != ' ') return;
+  rule_hi = strtoul(end + 1, &end, 10);
+  if (*end != ' ') return;
+  rule_uid = strtoul(end + 1, &end, 10);
+  if (*end != ' ') return;
+  rule_gid = strtoul(end + 1, &end, 10);
+  while (*end == ' ' || *end == ',') {
+    const char *p = end + 1;
+    if (*p == '\0') break;
+    unsigned long u = strtoul(p, &end, 10);
+    if (end == p || rule_extras == MAX_EXTRA) return;
+    rule_extra[rule_extras++] = u;
+  }
+  if (*end != '\0') return;
+  rules_read = 1;
+}
+
+static int uid_allowed(unsigned long u) {
+  if (u == 0 || u == rule_uid) return 0;
+  if (u >= rule_lo && u <= rule_hi) return 1;
+  for (size_t i = 0; i < rule_extras; i++)
+    if (rule_extra[i] == u) return 1;
+  return 0;
+}
+
+static int gid_allowed(unsigned long g) { return g != 0 && g != rule_gid; }
+
+/* As root: the number of the first line that breaks the rules, or -1. */
+static int breaks_rules(char **lines, int n) {
+  int uids = 0;
+  unsigned long uid = 0;
+  for (int i = 0; i < n; i++) {
+    const char *a;
+    if ((a = arg(lines[i], "uid")) != NULL) {
+      uid = strtoul(a, NULL, 10);
+      if (!uid_allowed(uid) || uids++ > 0) return i;
+    }
+  }
+  if (uids != 1) return n > 0 ? n - 1 : 0;
+  for (int i = 0; i < n; i++) {
+    const char *a;
+    if ((a = arg(lines[i], "gid")) != NULL && !gid_allowed(strtoul(a, NULL, 10))) return i;
+    if ((a = arg(lines[i], "groups")) != NULL) {
+      const char *p = a;
+      while (*p) {
+        char *end;
+        unsigned long g = strtoul(p, &end, 10);
+        if (end == p || !gid_allowed(g)) return i;
+        p = (*end == ',') ? end + 1 : end;
+        if (*end != ',' && *end != '\0') return i;
+      }
+    }
+    if ((a = arg(lines[i], "fsids")) != NULL) {
+      char *end;
+      unsigned long u = strtoul(a, &end, 10);
+      unsigned long g = strtoul(end, NULL, 10);
+      if (!((u == 0 && g == 0) || (u == uid && gid_allowed(g)))) return i;
+    }
+  }
+  return -1;
+}
 
 /* The word after the command, or NULL. */
 static const char *arg(const char *line, const char *cmd) {
@@ -301,6 +384,14 @@ void valve_enter(char **lines, int *n, int *failed, int *error) {
   for (int i = 0; i < MAX_CLONES; i++) clones[i] = -1;
   *failed = -1;
   *error = 0;
+  if (geteuid() == 0) {
+    int bad = rules_read ? breaks_rules(lines, *n) : 0;
+    if (bad >= 0) {
+      *failed = bad;
+      *error = EPERM;
+      return;
+    }
+  }
   for (int i = 0; i < *n; i++) {
     if (step(lines[i], clones, &ruleset) != 0) {
       *failed = i;

@@ -19,12 +19,13 @@ use std::collections::BTreeMap;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncWriteExt;
-use tokio::process::{ChildStdin, Command};
+use super::child::ChildStdin;
+use super::job::{Io, Job};
+use super::privsep::wire::Kind;
 use tokio::sync::{watch, Mutex};
 use tokio_util::sync::CancellationToken;
 
@@ -207,7 +208,7 @@ impl Zygote {
         let home = self.run_dir.path().join("zygote");
         std::fs::create_dir_all(&home)?;
         std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700))?;
-        let mut cmd = Command::new(&self.recipe.r_bin);
+        let mut cmd = Job::new(&self.recipe.r_bin);
         // Of valve's environment only what any isolated worker may have: every
         // fork inherits the parent's (a fork of an app that shares valve's
         // environment is given the rest in its environment file).
@@ -225,11 +226,7 @@ impl Zygote {
             .env("VALVE_LAUNCHER", lib.join("launcher.R"))
             .env("VALVE_ENTER_LIB", lib.join("valve_enter.so"))
             .env("VALVE_PRELOAD_PACKAGES", self.recipe.packages.join(","))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
+            .stdin(Io::Piped);
         #[cfg(feature = "test-hooks")]
         if let Some(file) = crate::config::hook("FORK_DIES") {
             // A test's: a fork kills itself at once, before it says a word, while this file exists.
@@ -238,8 +235,8 @@ impl Zygote {
         // No huge pages for it nor its forks (so no `glibc.malloc.hugetlb=1`
         // added to its tunables, as a fresh worker's are): `parent_of_forks`.
         // Of root's rights only what forking into apps' users needs: `caps`.
-        let cmd = Launchable::dying_with_valve(cmd)?.parent_of_forks().holding_only(self.recipe.keep);
-        let (mut child, own) = self.spawner.spawn(&self.recipe.r_bin, cmd).await?;
+        let cmd = Launchable::new(cmd, Kind::WarmParent, None).parent_of_forks().holding_only(self.recipe.keep);
+        let mut child = self.spawner.spawn(&self.recipe.r_bin, cmd).await?;
         let pid = child.id().ok_or_else(|| io::Error::other("the warm parent exited at once"))?;
         let stdin = child.stdin.take().ok_or_else(|| io::Error::other("no stdin for the warm parent"))?;
         let tail = Arc::new(Tail::default());
@@ -249,7 +246,7 @@ impl Zygote {
         output::forward(&mut child, &sink);
         let (tx, gone) = watch::channel(None);
         tokio::spawn(async move {
-            let exit = wait_parent(child, own, tail).await;
+            let exit = wait_parent(child, tail).await;
             tracing::warn!(
                 pid,
                 status = exit.status,
@@ -310,7 +307,7 @@ impl Zygote {
 /// an app of its own user has none of them but what the worker's own
 /// environment sets again (`VALVE_LIFELINE`, the lifeline every worker
 /// holds, stays).
-const PARENT_OWN: [&str; 9] = [
+pub(crate) const PARENT_OWN: [&str; 9] = [
     "HOME",
     "R_ENVIRON_USER",
     "R_PROFILE_USER",

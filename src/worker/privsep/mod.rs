@@ -1,0 +1,177 @@
+//! The privileged spawner: as root, the one process that starts valve's
+//! processes. It is forked at start, before the runtime, the log and any
+//! listener exist (one thread, nothing shared), keeps root, and takes
+//! requests only from valve's server over a `SOCK_SEQPACKET` socket pair:
+//! start a job (an app's R as its uid, in its sandbox; a package builder
+//! as a builder's uid; the warm parent keeping only what switching users
+//! needs; valve's one question to R), signal one it started, and nothing
+//! else. Each request is one typed value (`wire`), checked against what
+//! valve's settings said at start (`check`) before anything is done; a
+//! request that breaks a rule is refused, said on valve's log, and changes
+//! nothing. The spawner exits when the server does (its end closes), and
+//! the server stops when the spawner is gone.
+//!
+//! Without root there is no spawner: valve starts its processes itself,
+//! each under its app's Landlock ruleset (`launchable`).
+
+mod check;
+mod client;
+mod room;
+pub mod wire;
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+pub use client::{Client, Failure, Started};
+
+use crate::config::{AccountKind, Config};
+
+/// The server's end, from the fork until the first use makes it a client.
+static SOCK: Mutex<Option<OwnedFd>> = Mutex::new(None);
+static CLIENT: OnceLock<Option<Client>> = OnceLock::new();
+/// The spawner died under valve (valve stops, and says so in its exit code).
+static LOST: AtomicBool = AtomicBool::new(false);
+
+/// Which side of the fork this process is.
+pub enum Side {
+    /// valve's server (with a spawner as root, or without one).
+    Server,
+    /// The privileged spawner: run this, then exit.
+    Spawner(Box<dyn FnOnce()>),
+}
+
+/// As root, forks the privileged spawner. Call before any thread is
+/// started: the spawner is a copy of this process as it is now.
+pub fn start(config: &Config, uid_range: (u32, u32), r_bin: &Path, json: bool) -> io::Result<Side> {
+    if !rustix::process::geteuid().is_root() {
+        return Ok(Side::Server);
+    }
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    if status.lines().any(|l| l.starts_with("Threads:") && l.split_whitespace().nth(1) != Some("1")) {
+        return Err(io::Error::other("valve has threads already: the privileged spawner must be forked before them"));
+    }
+    // Made before the fork: the spawner holds its write end too.
+    let _ = super::lifeline::read_end();
+    let rules = rules_of(config, uid_range, r_bin);
+    let store = crate::config::uid_store::Store::of_site(
+        &config.server.state_dir,
+        config.server.publish.as_ref().map(|p| p.dir.as_path()),
+        false,
+    );
+    let (server, spawner) = rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )?;
+    // SAFETY: valve has one thread (checked above), so the child is a whole copy of it.
+    match unsafe { libc::fork() } {
+        -1 => Err(io::Error::last_os_error()),
+        0 => {
+            drop(server);
+            let _ = rustix::thread::set_name(c"valve-spawner");
+            room::log_json(json);
+            Ok(Side::Spawner(Box::new(move || room::serve(spawner, rules, Box::new(move |name| store.known(name))))))
+        }
+        _ => {
+            drop(spawner);
+            *SOCK.lock().unwrap_or_else(|p| p.into_inner()) = Some(server);
+            Ok(Side::Server)
+        }
+    }
+}
+
+/// The client of the privileged spawner, when there is one (valve is root).
+/// The first call, on valve's runtime, starts its reader.
+pub fn client() -> Option<&'static Client> {
+    let client = CLIENT
+        .get_or_init(|| {
+            let sock = SOCK.lock().unwrap_or_else(|p| p.into_inner()).take()?;
+            match Client::new(sock) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot reach the privileged spawner");
+                    None
+                }
+            }
+        })
+        .as_ref();
+    #[cfg(feature = "test-hooks")]
+    if let Some(c) = client {
+        send_test_asks(c);
+    }
+    client
+}
+
+/// A test's: each line of the file `VALVE_HOOK_SPAWNER_ASKS` names is sent
+/// to the spawner as one message, as it is, once (the spawner must refuse
+/// every one, saying why, and start nothing).
+#[cfg(feature = "test-hooks")]
+fn send_test_asks(client: &'static Client) {
+    static SENT: std::sync::Once = std::sync::Once::new();
+    let Some(file) = crate::config::hook("SPAWNER_ASKS") else { return };
+    SENT.call_once(|| {
+        let asks = std::fs::read_to_string(file).unwrap_or_default();
+        tokio::spawn(async move {
+            for line in asks.lines().filter(|l| !l.is_empty()) {
+                if let Err(e) = client.send_raw(line.as_bytes().to_vec()).await {
+                    tracing::warn!(error = %e, "a test's message did not reach the spawner");
+                }
+            }
+        });
+    });
+}
+
+/// Whether the spawner died under valve.
+pub fn lost() -> bool {
+    LOST.load(Ordering::SeqCst)
+}
+
+/// The spawner is gone: valve stops (as SIGTERM would have it).
+fn gone() {
+    LOST.store(true, Ordering::SeqCst);
+    tracing::error!("the privileged spawner exited: valve stops (its processes died with it)");
+    let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::TERM);
+}
+
+/// What the spawner knows from the settings.
+fn rules_of(config: &Config, uid_range: (u32, u32), r_bin: &Path) -> check::Rules {
+    let (lo, hi) = uid_range;
+    let apps = &config.apps;
+    let mut r_bins = std::collections::BTreeMap::new();
+    for bin in apps.iter().map(|a| a.r_bin.as_path()).chain([r_bin]) {
+        r_bins.insert(bin.to_path_buf(), found(bin));
+    }
+    check::Rules {
+        uid_range,
+        server: None,
+        named: apps.iter().map(|a| a.account.uid).filter(|u| !(lo..=hi).contains(u)).collect(),
+        builders: config.server.builder_uids.iter().copied().collect(),
+        apps: apps.iter().map(|a| a.name.clone()).collect(),
+        root_apps: apps.iter().filter(|a| a.account.kind == AccountKind::Root).map(|a| a.name.clone()).collect(),
+        r_bins,
+        warm_keep: super::caps::Keep::for_warm_parent().ok().flatten().map(|k| k.mask()).unwrap_or(0),
+        folders: vec![std::env::temp_dir(), absolute(&config.server.state_dir)],
+        probe_args: super::rtools::probe_args(),
+    }
+}
+
+/// `bin` as the spawner runs it: found on its PATH when it is a bare name.
+fn found(bin: &Path) -> PathBuf {
+    if bin.components().count() != 1 {
+        return absolute(bin);
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(bin))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| bin.to_path_buf())
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
