@@ -158,7 +158,7 @@ pub async fn run(
     // long as valve runs workers.
     let _reaper = tokio_util::task::AbortOnDropHandle::new(worker::reap::start());
     // As root: valve's side of the privileged spawner, which stops valve if the spawner dies.
-    let _ = worker::privsep::client();
+    let _ = worker::privsep::client::client();
     let fleet = Fleet::new(config.server.max_workers);
     // One listener for every frames worker of this valve (plumber apps, now or after a reload).
     let frames = match config.server.worker_transport {

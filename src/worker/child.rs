@@ -27,11 +27,13 @@ pub(super) struct Child {
     pub stderr: Option<ChildOut>,
     how: How,
     exit: Option<ExitStatus>,
+    /// Kill what is left of its group when it exits.
+    group_dies: bool,
 }
 
 enum How {
     Local { child: tokio::process::Child, pidfd: tokio::io::unix::AsyncFd<OwnedFd>, _own: super::reap::Own },
-    Remote(super::privsep::Started),
+    Remote(super::privsep::client::Started),
 }
 
 fn sender(fd: Option<OwnedFd>) -> io::Result<Option<ChildStdin>> {
@@ -47,6 +49,7 @@ impl Child {
         child: tokio::process::Child,
         own: super::reap::Own,
         pipes: super::job::Pipes,
+        group_dies: bool,
     ) -> io::Result<Child> {
         let pid = child.id().ok_or_else(|| io::Error::other("the process exited at once"))?;
         let pidfd = super::process::pidfd_open(pid)?;
@@ -57,10 +60,11 @@ impl Child {
             stderr: receiver(pipes.stderr)?,
             how: How::Local { child, pidfd, _own: own },
             exit: None,
+            group_dies,
         })
     }
 
-    pub(super) fn remote(started: super::privsep::Started, pipes: super::job::Pipes) -> io::Result<Child> {
+    pub(super) fn remote(started: super::privsep::client::Started, pipes: super::job::Pipes) -> io::Result<Child> {
         Ok(Child {
             pid: started.pid(),
             stdin: sender(pipes.stdin)?,
@@ -68,6 +72,7 @@ impl Child {
             stderr: receiver(pipes.stderr)?,
             how: How::Remote(started),
             exit: None,
+            group_dies: false,
         })
     }
 
@@ -75,9 +80,9 @@ impl Child {
         Some(self.pid)
     }
 
-    /// Waits for it to exit; then kills what is left of its process group
-    /// (while it is a zombie, not reaped, its pid and group cannot have been
-    /// taken), and reaps it.
+    /// Waits for it to exit; then, if its group dies with it, kills what is
+    /// left of its process group (while it is a zombie, not reaped, its pid
+    /// and group cannot have been taken), and reaps it.
     pub(super) async fn wait(&mut self) -> io::Result<ExitStatus> {
         if let Some(status) = self.exit {
             return Ok(status);
@@ -85,10 +90,12 @@ impl Child {
         let status = match &mut self.how {
             How::Local { child, pidfd, .. } => {
                 let _ = pidfd.readable().await;
-                let _ = rustix::process::kill_process_group(pid_of(self.pid), Signal::KILL);
+                if self.group_dies {
+                    let _ = rustix::process::kill_process_group(pid_of(self.pid), Signal::KILL);
+                }
                 child.wait().await?
             }
-            // The spawner kills the group before it reaps.
+            // The spawner kills the group (if it dies with it) before it reaps.
             How::Remote(started) => ExitStatus::from_raw(started.exited().await),
         };
         self.exit = Some(status);

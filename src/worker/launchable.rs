@@ -1,22 +1,21 @@
 //! Starting a process: a `Job` and what it enters between fork and exec
 //! (`Launchable`: the app's sandbox, no huge pages, the capabilities a root
-//! process keeps), the one command that does those steps (`command`: the
-//! same in valve and in the privileged spawner), and `Spawner`, which starts
-//! it: as root through the privileged spawner (`privsep`), else from one
-//! long-lived thread of valve's own.
+//! process keeps), and `Spawner`, which starts it: as root through the
+//! privileged spawner (`privsep`), else from one long-lived thread of
+//! valve's own, with the same steps (`exec::command`).
 
 use std::io;
-use std::os::fd::{OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::Arc;
 
-use rustix::process::{Pid, Signal};
 use tokio::sync::oneshot;
 
 use super::caps::Keep;
 use super::child::Child;
+use super::exec::{command, failed_step};
 use super::job::{Job, Pipes};
-use super::privsep::wire::Kind;
+use super::privsep::client::{self, Failure};
+use super::privsep::wire::{Kind, Start};
 use super::process::StartError;
 use super::reap;
 use super::sandbox::Prepared;
@@ -30,6 +29,8 @@ pub(super) struct Launchable {
     pub sandbox: Option<Arc<Prepared>>,
     pub thp_off: bool,
     pub keep: Option<Keep>,
+    /// What is left of its process group is killed when it exits.
+    pub group_dies: bool,
 }
 
 impl std::ops::Deref for Launchable {
@@ -49,7 +50,7 @@ impl Launchable {
     /// `job`, of `kind`, entering `sandbox` between fork and exec; every
     /// process valve starts dies with valve (a parent-death signal).
     pub(super) fn new(job: Job, kind: Kind, sandbox: Option<Arc<Prepared>>) -> Launchable {
-        Launchable { job, kind, app: None, sandbox, thp_off: false, keep: None }
+        Launchable { job, kind, app: None, sandbox, thp_off: false, keep: None, group_dies: false }
     }
 
     /// For app `name`.
@@ -71,86 +72,45 @@ impl Launchable {
         self
     }
 
+    /// When it exits, whatever it left in its process group is killed
+    /// (a worker's: not a parent's, whose forks serve on).
+    pub(super) fn group_dies_with_it(mut self) -> Launchable {
+        self.group_dies = true;
+        self
+    }
+
     /// Started as root, keeping only `keep` of root's capabilities (nothing
     /// to do when `None`: valve is not root).
     pub(super) fn holding_only(mut self, keep: Option<Keep>) -> Launchable {
         self.keep = keep;
         self
     }
-}
 
-/// The std command of a job: its streams (`ends`), and between fork and
-/// exec the lifeline kept, the parent-death signal, `sandbox` entered, huge
-/// pages off (`thp_off`) and `keep` applied. With the read end of the pipe
-/// on which the child says which sandbox step failed.
-pub(super) fn command(
-    job: &Job,
-    ends: [Option<OwnedFd>; 3],
-    sandbox: Option<Arc<Prepared>>,
-    thp_off: bool,
-    keep: Option<Keep>,
-) -> io::Result<(std::process::Command, Option<OwnedFd>)> {
-    use std::os::unix::process::CommandExt;
-    let mut cmd = job.std_command();
-    super::job::streams(&mut cmd, ends);
-    let parent = std::process::id();
-    let lifeline: Option<RawFd> = super::lifeline::read_end();
-    if let Some(fd) = lifeline {
-        cmd.env("VALVE_LIFELINE", fd.to_string());
-    }
-    let mut report = None;
-    let enter = match sandbox.filter(|p| !p.is_empty()) {
-        Some(prepared) => {
-            let (read, write) =
-                rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK)?;
-            report = Some(read);
-            Some((prepared, write))
-        }
-        None => None,
-    };
-    // SAFETY: only async-signal-safe calls (raw prctl, getppid, the
-    // sandbox's system calls, capset, write and _exit) between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            if let Some(fd) = lifeline {
-                super::lifeline::keep_in_child(fd)?;
-            }
-            rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
-            // The parent may have died between fork and prctl; then nobody would kill us.
-            if rustix::process::getppid().map(Pid::as_raw_nonzero).map(|p| p.get() as u32) != Some(parent) {
-                return Err(io::Error::other("valve exited while the process started"));
-            }
-            if let Some((prepared, write)) = &enter {
-                if let Err((step, error)) = prepared.enter() {
-                    let _ = rustix::io::write(write, &(step as u32).to_le_bytes());
-                    return Err(error);
-                }
-                // Becoming the app's user cleared the death signal (the
-                // kernel does on every change of credentials): again.
-                rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
-                if rustix::process::getppid().map(Pid::as_raw_nonzero).map(|p| p.get() as u32) != Some(parent) {
-                    return Err(io::Error::other("valve exited while the process started"));
-                }
-            }
-            if thp_off {
-                // Its failure (a kernel before 3.15) leaves huge pages as they were.
-                libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
-            }
-            if let Some(keep) = keep {
-                keep.apply()?;
-            }
-            Ok(())
-        });
-    }
-    Ok((cmd, report))
-}
-
-/// The step a child said failed on `report`, by its number in `prepared`.
-pub(super) fn failed_step(report: Option<&OwnedFd>, prepared: Option<&Prepared>) -> Option<String> {
-    let mut n = [0u8; 4];
-    match rustix::io::read(report?, &mut n) {
-        Ok(4) => prepared?.step_name(u32::from_le_bytes(n) as usize).map(str::to_string),
-        _ => None,
+    /// The request that asks the privileged spawner for it (its id and
+    /// which streams are piped filled in when it is sent).
+    fn request(&self) -> Result<Start, StartError> {
+        let sandbox = match &self.sandbox {
+            Some(p) if !p.is_empty() => Some(p.owned().cloned().ok_or_else(|| {
+                StartError::Io(io::Error::other("a Landlock ruleset cannot be sent to the spawner"))
+            })?),
+            _ => None,
+        };
+        let job = &self.job;
+        Ok(Start {
+            id: 0,
+            kind: self.kind,
+            app: self.app.clone(),
+            program: job.program.clone(),
+            args: job.args.clone(),
+            env: job.env.clone(),
+            clear_env: job.clear_env,
+            cwd: job.cwd.clone(),
+            piped: [false; 3],
+            thp_off: self.thp_off,
+            group_dies: self.group_dies,
+            keep: self.keep.map(|k| k.mask()),
+            sandbox,
+        })
     }
 }
 
@@ -215,15 +175,15 @@ impl Spawner {
     }
 
     /// Starts `cmd`: its piped streams are the returned child's.
-    pub(super) async fn spawn(&self, r_bin: &Path, mut cmd: Launchable) -> Result<Child, StartError> {
+    pub(super) async fn spawn(&self, r_bin: &Path, cmd: Launchable) -> Result<Child, StartError> {
         let mut pipes = Pipes::for_job(&cmd.job).map_err(StartError::Io)?;
-        if let Some(client) = super::privsep::client() {
+        if let Some(client) = client::client() {
             let ends = std::mem::take(&mut pipes.child);
-            let started = client.start(&mut cmd, ends).await.map_err(|f| match f {
-                super::privsep::Failure::Refused(why) => {
+            let started = client.start(cmd.request()?, ends).await.map_err(|f| match f {
+                Failure::Refused(why) => {
                     StartError::Io(io::Error::other(format!("the privileged spawner refused to start it: {why}")))
                 }
-                super::privsep::Failure::Failed(e, step) => start_error(r_bin, e, step),
+                Failure::Failed(e, step) => start_error(r_bin, e, step),
             })?;
             return Child::remote(started, pipes).map_err(StartError::Io);
         }
@@ -250,7 +210,7 @@ fn spawn_here(mut cmd: Launchable, mut pipes: Pipes) -> Result<Child, StartError
     // The child's ends of its pipes close here with the command.
     drop(tokio_cmd);
     match spawned {
-        Ok((child, own)) => Child::local(child, own, pipes).map_err(StartError::Io),
+        Ok((child, own)) => Child::local(child, own, pipes, cmd.group_dies).map_err(StartError::Io),
         Err(error) => match failed_step(report.as_ref(), cmd.sandbox.as_deref()) {
             Some(step) => Err(StartError::Sandbox { step, error }),
             None => Err(StartError::Io(error)),

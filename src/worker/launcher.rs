@@ -159,7 +159,7 @@ async fn spawn_plain(
     if let Some(port) = engine_port {
         cmd.env("VALVE_ENGINE_HOST", Ipv4Addr::LOCALHOST.to_string()).env("VALVE_ENGINE_PORT", port.to_string());
     }
-    let mut child = spawner.spawn(&spec.r_bin, cmd).await?;
+    let mut child = spawner.spawn(&spec.r_bin, cmd.group_dies_with_it()).await?;
     let pid = child.id().ok_or_else(|| io::Error::other("worker exited at once"))?;
     let tail = Arc::new(Tail::default());
     output::forward(&mut child, &spec.sink(id, tail.clone()));

@@ -18,8 +18,9 @@
 //! `output` (a worker's output as log lines), `frames` (valve's own
 //! protocol: `link` under `conn`, `hub` over it), `conn` (a connection of
 //! either transport), `process` (the interfaces and /proc), `reap`,
-//! `job` (what to start, as a value), `launchable` (starting it: the steps
-//! between fork and exec, valve's spawner thread), `privsep` (as root, the
+//! `job` (what to start, as a value), `exec` (the steps between fork and
+//! exec, in valve and the spawner alike), `launchable` (starting it: valve's
+//! spawner thread or the privileged spawner), `privsep` (as root, the
 //! privileged spawner process every start goes through), `child` (a started
 //! process, wherever it was started), `spawn` (plain workers), `caps` (what the warm parent keeps of root's), `render` (a `shiny_prerendered` document's one
 //! render, before its workers), `packages` (which versions of some packages
@@ -30,6 +31,7 @@ pub mod builders;
 mod caps;
 mod child;
 mod conn;
+mod exec;
 mod fork;
 mod frames;
 mod job;

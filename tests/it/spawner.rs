@@ -17,7 +17,7 @@ fn start_request(id: u64, kind: &str, app: Option<&str>, ids: Option<(u64, u64)>
     serde_json::json!({
         "ask": "start", "id": id, "kind": kind, "app": app, "program": "R",
         "args": ["--no-echo", "-e", code], "env": [], "clear_env": false, "cwd": null,
-        "piped": [false, false, false], "thp_off": false, "keep": keep,
+        "piped": [false, false, false], "thp_off": false, "group_dies": false, "keep": keep,
         "sandbox": { "steps": null, "workdir": null, "data_limit": null, "oom_score_adj": null,
                      "ids": ids.map(|(u, g)| serde_json::json!([u, g, []])) },
     })
@@ -37,7 +37,7 @@ fn as_root_the_spawner_refuses_requests_that_break_its_rules_says_why_and_starts
     let warm = serde_json::json!({
         "ask": "start", "id": 1_000_006, "kind": "warm_parent", "app": null, "program": "R",
         "args": ["--no-echo", "--no-restore", "--no-save", "--file=/root/zygote.R"], "env": [],
-        "clear_env": true, "cwd": null, "piped": [false, false, false], "thp_off": true, "keep": 192,
+        "clear_env": true, "cwd": null, "piped": [false, false, false], "thp_off": true, "group_dies": false, "keep": 192,
         "sandbox": null,
     });
     let asks = [
@@ -99,4 +99,29 @@ fn killing_the_spawner_stops_valve_and_its_workers_and_killing_valve_stops_the_s
     wait_until("the spawner and the workers to go with valve", Duration::from_secs(10), || {
         !pid_alive(spawner) && workers.iter().all(|p| !pid_alive(*p))
     });
+}
+
+#[test]
+fn as_root_a_fork_the_server_asks_of_the_warm_parent_as_root_is_refused_and_a_fresh_r_serves() {
+    need_r_packages(&["plumber"]);
+    assert!(as_root(), "this test checks what valve does as root: run the tests as root, as CI does");
+    if crate::harness::preloading() {
+        eprintln!("with --preload the app's own parent forks its workers: no warm parent to ask");
+        return;
+    }
+    let dir = app_dir();
+    let config = dir.path().join("valve.toml");
+    std::fs::write(&config, format!("[[app]]\nname = \"api\"\npath = \"/api\"\nfile = \"{}\"\n", fixture("api.R").display()))
+        .unwrap();
+    // valve's server (as if taken over) asks for forks with uid and gid 0.
+    let v = Valve::start_with_env(&["--config", config.to_str().unwrap()], &[("VALVE_HOOK_FORK_AS_ROOT", "1")]);
+    assert_eq!(get(&v.get("/api/pid")).0, 200, "the app serves all the same");
+    v.wait_for_log("failed uid 0: errno 1", Duration::from_secs(30));
+    assert!(v.log().contains("the app's workers start as fresh R, not from the warm parent"), "{}", v.log());
+    let parent = v.preload_parent();
+    for pid in v.workers().into_iter().filter(|p| Some(*p) != parent) {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let uids = status.lines().find(|l| l.starts_with("Uid:")).unwrap_or("").to_string();
+        assert!(!uids.split_whitespace().skip(1).any(|u| u == "0"), "worker {pid} runs as root: {uids}");
+    }
 }

@@ -243,5 +243,4 @@ fn check_view(sandbox: &Sandbox) -> Result<(), String> {
 }
 
 #[cfg(test)]
-#[path = "check_tests.rs"]
 mod tests;

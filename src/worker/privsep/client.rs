@@ -14,7 +14,6 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
 use super::wire::{self, Reply, Request, Start};
-use crate::worker::launchable::Launchable;
 
 /// Why a start did not happen.
 pub enum Failure {
@@ -61,42 +60,20 @@ impl Client {
         Ok(Client { sock, shared, next: AtomicU64::new(1) })
     }
 
-    /// Asks the spawner to start `cmd` with `ends` as its piped streams.
-    pub(in crate::worker) async fn start(
-        &self,
-        cmd: &mut Launchable,
-        ends: [Option<OwnedFd>; 3],
-    ) -> Result<Started, Failure> {
+    /// Asks the spawner to start `start` (its id and piped streams are
+    /// filled in here) with `ends` as its piped streams.
+    pub(in crate::worker) async fn start(&self, mut start: Start, ends: [Option<OwnedFd>; 3]) -> Result<Started, Failure> {
         let plain = |e: io::Error| Failure::Failed(e, None);
-        let sandbox = match &cmd.sandbox {
-            Some(p) if !p.is_empty() => Some(
-                p.owned().cloned().ok_or_else(|| plain(io::Error::other("a Landlock ruleset cannot be sent")))?,
-            ),
-            _ => None,
-        };
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let job = &cmd.job;
-        let start = Start {
-            id,
-            kind: cmd.kind,
-            app: cmd.app.clone(),
-            program: job.program.clone(),
-            args: job.args.clone(),
-            env: job.env.clone(),
-            clear_env: job.clear_env,
-            cwd: job.cwd.clone(),
-            piped: [ends[0].is_some(), ends[1].is_some(), ends[2].is_some()],
-            thp_off: cmd.thp_off,
-            keep: cmd.keep.map(|k| k.mask()),
-            sandbox,
-        };
+        start.id = id;
+        start.piped = [ends[0].is_some(), ends[1].is_some(), ends[2].is_some()];
         let fds: Vec<OwnedFd> = ends.into_iter().flatten().collect();
         let (answer, answered) = oneshot::channel();
         let (exit_tx, exit) = oneshot::channel();
         lock(&self.shared.answers).insert(id, answer);
         lock(&self.shared.exits).insert(id, exit_tx);
         if self.shared.gone.load(Ordering::SeqCst) {
-            return Err(plain(gone()));
+            return Err(plain(gone_error()));
         }
         let sent = send(&self.sock, &Request::Start(Box::new(start)), fds).await;
         if let Err(e) = sent {
@@ -121,7 +98,7 @@ impl Client {
                 };
                 Err(Failure::Failed(io::Error::new(kind, error), step))
             }
-            Ok(Reply::Exited { .. }) | Err(_) => Err(plain(gone())),
+            Ok(Reply::Exited { .. }) | Err(_) => Err(plain(gone_error())),
         }
     }
 
@@ -132,7 +109,7 @@ impl Client {
     }
 }
 
-fn gone() -> io::Error {
+fn gone_error() -> io::Error {
     io::Error::other("the privileged spawner is gone")
 }
 
@@ -253,5 +230,69 @@ async fn read_replies(sock: Arc<AsyncFd<OwnedFd>>, shared: Arc<Shared>) {
         let _ = tx.send(libc::SIGKILL);
     }
     lock(&shared.answers).clear();
-    super::gone();
+    gone();
+}
+
+/// The server's end, from the fork until the first use makes it a client.
+static SOCK: Mutex<Option<OwnedFd>> = Mutex::new(None);
+static CLIENT: std::sync::OnceLock<Option<Client>> = std::sync::OnceLock::new();
+/// The spawner died under valve (valve stops, and says so in its exit code).
+static LOST: AtomicBool = AtomicBool::new(false);
+
+/// valve's end of the socket pair, just forked.
+pub(super) fn keep(sock: OwnedFd) {
+    *lock(&SOCK) = Some(sock);
+}
+
+/// The client of the privileged spawner, when there is one (valve is root).
+/// The first call, on valve's runtime, starts its reader.
+pub fn client() -> Option<&'static Client> {
+    let client = CLIENT
+        .get_or_init(|| {
+            let sock = lock(&SOCK).take()?;
+            match Client::new(sock) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot reach the privileged spawner");
+                    None
+                }
+            }
+        })
+        .as_ref();
+    #[cfg(feature = "test-hooks")]
+    if let Some(c) = client {
+        send_test_asks(c);
+    }
+    client
+}
+
+/// A test's: each line of the file `VALVE_HOOK_SPAWNER_ASKS` names is sent
+/// to the spawner as one message, as it is, once (the spawner must refuse
+/// every one, saying why, and start nothing).
+#[cfg(feature = "test-hooks")]
+fn send_test_asks(client: &'static Client) {
+    static SENT: std::sync::Once = std::sync::Once::new();
+    let Some(file) = crate::config::hook("SPAWNER_ASKS") else { return };
+    SENT.call_once(|| {
+        let asks = std::fs::read_to_string(file).unwrap_or_default();
+        tokio::spawn(async move {
+            for line in asks.lines().filter(|l| !l.is_empty()) {
+                if let Err(e) = client.send_raw(line.as_bytes().to_vec()).await {
+                    tracing::warn!(error = %e, "a test's message did not reach the spawner");
+                }
+            }
+        });
+    });
+}
+
+/// Whether the spawner died under valve.
+pub fn lost() -> bool {
+    LOST.load(Ordering::SeqCst)
+}
+
+/// The spawner is gone: valve stops (as SIGTERM would have it).
+fn gone() {
+    LOST.store(true, Ordering::SeqCst);
+    tracing::error!("the privileged spawner exited: valve stops (its processes died with it)");
+    let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::TERM);
 }

@@ -15,25 +15,16 @@
 //! each under its app's Landlock ruleset (`launchable`).
 
 mod check;
-mod client;
+pub(crate) mod client;
 mod room;
 pub mod wire;
 
 use std::io;
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
 
-pub use client::{Client, Failure, Started};
+pub use client::lost;
 
 use crate::config::{AccountKind, Config};
-
-/// The server's end, from the fork until the first use makes it a client.
-static SOCK: Mutex<Option<OwnedFd>> = Mutex::new(None);
-static CLIENT: OnceLock<Option<Client>> = OnceLock::new();
-/// The spawner died under valve (valve stops, and says so in its exit code).
-static LOST: AtomicBool = AtomicBool::new(false);
 
 /// Which side of the fork this process is.
 pub enum Side {
@@ -78,63 +69,10 @@ pub fn start(config: &Config, uid_range: (u32, u32), r_bin: &Path, json: bool) -
         }
         _ => {
             drop(spawner);
-            *SOCK.lock().unwrap_or_else(|p| p.into_inner()) = Some(server);
+            client::keep(server);
             Ok(Side::Server)
         }
     }
-}
-
-/// The client of the privileged spawner, when there is one (valve is root).
-/// The first call, on valve's runtime, starts its reader.
-pub fn client() -> Option<&'static Client> {
-    let client = CLIENT
-        .get_or_init(|| {
-            let sock = SOCK.lock().unwrap_or_else(|p| p.into_inner()).take()?;
-            match Client::new(sock) {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot reach the privileged spawner");
-                    None
-                }
-            }
-        })
-        .as_ref();
-    #[cfg(feature = "test-hooks")]
-    if let Some(c) = client {
-        send_test_asks(c);
-    }
-    client
-}
-
-/// A test's: each line of the file `VALVE_HOOK_SPAWNER_ASKS` names is sent
-/// to the spawner as one message, as it is, once (the spawner must refuse
-/// every one, saying why, and start nothing).
-#[cfg(feature = "test-hooks")]
-fn send_test_asks(client: &'static Client) {
-    static SENT: std::sync::Once = std::sync::Once::new();
-    let Some(file) = crate::config::hook("SPAWNER_ASKS") else { return };
-    SENT.call_once(|| {
-        let asks = std::fs::read_to_string(file).unwrap_or_default();
-        tokio::spawn(async move {
-            for line in asks.lines().filter(|l| !l.is_empty()) {
-                if let Err(e) = client.send_raw(line.as_bytes().to_vec()).await {
-                    tracing::warn!(error = %e, "a test's message did not reach the spawner");
-                }
-            }
-        });
-    });
-}
-
-/// Whether the spawner died under valve.
-pub fn lost() -> bool {
-    LOST.load(Ordering::SeqCst)
-}
-
-/// The spawner is gone: valve stops (as SIGTERM would have it).
-fn gone() {
-    LOST.store(true, Ordering::SeqCst);
-    tracing::error!("the privileged spawner exited: valve stops (its processes died with it)");
-    let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::TERM);
 }
 
 /// What the spawner knows from the settings.

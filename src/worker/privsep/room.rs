@@ -1,6 +1,6 @@
 //! The privileged spawner's loop: one thread, blocking, root. It reads one
 //! request at a time from valve's server, checks it (`check`), starts what
-//! is allowed (`launchable::command`, the steps valve itself would take),
+//! is allowed (`exec::command`, the steps valve itself would take),
 //! signals only what it started and has not reaped, reaps its children
 //! (and, as a subreaper, the orphans below them) and says each exit. When
 //! the server's end closes, it kills every process group it started and
@@ -19,13 +19,14 @@ use super::check::{Rules, SIGNALS};
 use super::wire::{self, Reply, Request, Start};
 use crate::worker::caps::Keep;
 use crate::worker::job::{Io, Job};
-use crate::worker::launchable::{command, failed_step};
+use crate::worker::exec::{command, failed_step};
 use crate::worker::sandbox::Prepared;
 
 /// A process this spawner started, until it is reaped.
 struct Kid {
     pid: u32,
     pidfd: OwnedFd,
+    group_dies: bool,
 }
 
 /// Serves valve's server on `sock` until it hangs up. `known`: the app uid
@@ -55,7 +56,7 @@ pub(super) fn serve(sock: OwnedFd, rules: Rules, known: Box<dyn Fn(&str) -> Opti
         for (id, exited) in ready {
             if exited {
                 if let Some(kid) = kids.remove(&id) {
-                    let status = reap(kid.pid);
+                    let status = reap(kid.pid, kid.group_dies);
                     let _ = wire::send(&sock, &Reply::Exited { id, status }, &[]);
                 }
             }
@@ -78,7 +79,7 @@ pub(super) fn serve(sock: OwnedFd, rules: Rules, known: Box<dyn Fn(&str) -> Opti
         let _ = rustix::process::kill_process_group(pid(kid.pid), Signal::KILL);
     }
     for kid in kids.values() {
-        reap(kid.pid);
+        reap(kid.pid, false);
     }
 }
 
@@ -185,13 +186,15 @@ fn launch(start: &Start, checked: super::check::Checked, fds: Vec<OwnedFd>) -> R
     drop(cmd);
     let pid = child.id();
     let pidfd = rustix::process::pidfd_open(self::pid(pid), PidfdFlags::empty()).map_err(|e| plain(e.into()))?;
-    Ok(Kid { pid, pidfd })
+    Ok(Kid { pid, pidfd, group_dies: start.group_dies })
 }
 
-/// Kills what is left of its process group (not reaped yet, the group is
-/// still its), then reaps it: its raw wait status.
-fn reap(p: u32) -> i32 {
-    let _ = rustix::process::kill_process_group(pid(p), Signal::KILL);
+/// Kills what is left of its process group if that dies with it (not
+/// reaped yet, the group is still its), then reaps it: its raw wait status.
+fn reap(p: u32, group_dies: bool) -> i32 {
+    if group_dies {
+        let _ = rustix::process::kill_process_group(pid(p), Signal::KILL);
+    }
     match rustix::process::waitpid(Some(pid(p)), WaitOptions::empty()) {
         Ok(Some((_, status))) => status.as_raw() as i32,
         _ => libc::SIGKILL,

@@ -64,6 +64,9 @@ pub struct Start {
     pub piped: [bool; 3],
     /// Without transparent huge pages (a parent of forks).
     pub thp_off: bool,
+    /// When it exits, what is left of its process group is killed (a
+    /// worker's `system()` children; not a parent's forks, which serve on).
+    pub group_dies: bool,
     /// The capabilities a process started as root keeps (a mask).
     pub keep: Option<u64>,
     pub sandbox: Option<Sandbox>,

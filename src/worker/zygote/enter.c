@@ -140,14 +140,16 @@ __attribute__((constructor)) static void read_rules(void) {
   rule_uid = strtoul(end + 1, &end, 10);
   if (*end != ' ') return;
   rule_gid = strtoul(end + 1, &end, 10);
-  while (*end == ' ' || *end == ',') {
-    const char *p = end + 1;
-    if (*p == '\0') break;
+  /* Then the extra uids, comma-separated, none at all when the list is empty. */
+  if (*end == ' ') end++;
+  while (*end != '\0') {
+    const char *p = end;
     unsigned long u = strtoul(p, &end, 10);
     if (end == p || rule_extras == MAX_EXTRA) return;
     rule_extra[rule_extras++] = u;
+    if (*end == ',') end++;
+    else if (*end != '\0') return;
   }
-  if (*end != '\0') return;
   rules_read = 1;
 }
 

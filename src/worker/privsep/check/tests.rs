@@ -31,6 +31,7 @@ fn app(uid: u32) -> Start {
         cwd: Some("/srv/apps/api".into()),
         piped: [false, true, true],
         thp_off: false,
+        group_dies: false,
         keep: None,
         sandbox: Some(Sandbox {
             steps: None,
