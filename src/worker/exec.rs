@@ -49,6 +49,11 @@ pub(super) fn command(
             if let Some(fd) = lifeline {
                 super::lifeline::keep_in_child(fd)?;
             }
+            // What the privileged spawner ignores, the child does not (an
+            // ignored signal stays ignored across exec).
+            for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
             rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
             // The parent may have died between fork and prctl; then nobody would kill us.
             if rustix::process::getppid().map(Pid::as_raw_nonzero).map(|p| p.get() as u32) != Some(parent) {

@@ -4,7 +4,7 @@
 //! until a starting worker answers. Starting one: `launchable`.
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,9 +92,15 @@ pub fn run_dir() -> io::Result<Arc<tempfile::TempDir>> {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::Builder::new().prefix("valve-").tempdir()?;
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))?;
-    let lib = sandbox::lib_dir(dir.path());
-    std::fs::create_dir(&lib)?;
-    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o755))?;
+    write_lib(&sandbox::lib_dir(dir.path()))?;
+    Ok(Arc::new(dir))
+}
+
+/// Makes `lib` (0755) with the R code and the C executor valve carries.
+pub(super) fn write_lib(lib: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir(lib)?;
+    std::fs::set_permissions(lib, std::fs::Permissions::from_mode(0o755))?;
     for (name, bytes, mode) in [
         ("launcher.R", LAUNCHER.as_bytes(), 0o644),
         ("loop.R", LOOP.as_bytes(), 0o644),
@@ -104,7 +110,7 @@ pub fn run_dir() -> io::Result<Arc<tempfile::TempDir>> {
         std::fs::write(lib.join(name), bytes)?;
         std::fs::set_permissions(lib.join(name), std::fs::Permissions::from_mode(mode))?;
     }
-    Ok(Arc::new(dir))
+    Ok(())
 }
 
 impl Spec {

@@ -110,6 +110,32 @@ pub fn state_and_parent(pid: u32) -> Option<(String, u32)> {
 }
 
 /// The direct children of a process.
+/// valve's run directory, from one of `pids` (its R processes): a fresh R's
+/// command line (`--file=RUN/lib/launcher.R`), or a fork's output, its FIFO
+/// in `RUN/apps/NAME/` (a fork's command line is the warm parent's, whose
+/// code as root is in the privileged spawner's own folder).
+pub fn run_dir_of(pids: impl IntoIterator<Item = u32>) -> Option<std::path::PathBuf> {
+    use std::path::Path;
+    for pid in pids {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let file = cmdline
+            .split(|b| *b == 0)
+            .filter_map(|a| std::str::from_utf8(a).ok())
+            .find_map(|a| a.strip_prefix("--file="))
+            .map(std::path::PathBuf::from)
+            .filter(|f| !f.ends_with("zygote.R"));
+        if let Some(run) = file.as_deref().and_then(Path::parent).and_then(Path::parent) {
+            return Some(run.to_path_buf());
+        }
+        if let Ok(out) = std::fs::read_link(format!("/proc/{pid}/fd/1")) {
+            if let Some(run) = out.ancestors().find(|a| a.file_name().is_some_and(|n| n == "apps")).and_then(Path::parent) {
+                return Some(run.to_path_buf());
+            }
+        }
+    }
+    None
+}
+
 /// valve's privileged spawner (valve as root), if `pid` has one.
 pub fn spawner_of(pid: u32) -> Option<u32> {
     children(pid).into_iter().find(|c| {

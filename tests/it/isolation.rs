@@ -123,15 +123,7 @@ fn an_app_cannot_read_signal_or_reach_another_app_or_valve_and_its_memory_limit_
     assert!(pid_alive(beta_pid) && pid_alive(valve_pid));
 
     // beta's socket: not there for alpha, and no answer from it.
-    // valve's run directory from the worker's command line (`--file=RUN/lib/launcher.R`).
-    let cmdline = std::fs::read(format!("/proc/{beta_pid}/cmdline")).unwrap();
-    let launcher = cmdline
-        .split(|b| *b == 0)
-        .filter_map(|a| std::str::from_utf8(a).ok())
-        .find_map(|a| a.strip_prefix("--file="))
-        .expect("R runs the launcher")
-        .to_string();
-    let run_dir = Path::new(&launcher).parent().and_then(Path::parent).unwrap();
+    let run_dir = crate::harness::run_dir_of([beta_pid]).expect("valve's run directory, from beta's worker");
     let beta_id = app("beta")["workers"][0]["id"].as_u64().unwrap();
     let socket = run_dir.join(format!("apps/beta/own/w{beta_id}.sock")).display().to_string();
     assert!(Path::new(&socket).exists(), "the socket exists for valve: {socket}");

@@ -239,9 +239,19 @@ static CLIENT: std::sync::OnceLock<Option<Client>> = std::sync::OnceLock::new();
 /// The spawner died under valve (valve stops, and says so in its exit code).
 static LOST: AtomicBool = AtomicBool::new(false);
 
-/// valve's end of the socket pair, just forked.
-pub(super) fn keep(sock: OwnedFd) {
+/// The spawner's folder of what runs as root (`lib/`, `zygote/`).
+static ROOT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// valve's end of the socket pair, just forked, and the spawner's folder.
+pub(super) fn keep(sock: OwnedFd, root: std::path::PathBuf) {
     *lock(&SOCK) = Some(sock);
+    let _ = ROOT.set(root);
+}
+
+/// Where the warm parent's code and home are when the spawner starts it
+/// (root's, made before valve's server ran anything).
+pub fn root_folder() -> Option<&'static std::path::Path> {
+    ROOT.get().map(|p| p.as_path())
 }
 
 /// The client of the privileged spawner, when there is one (valve is root).

@@ -46,7 +46,10 @@ pub fn start(config: &Config, uid_range: (u32, u32), r_bin: &Path, json: bool) -
     }
     // Made before the fork: the spawner holds its write end too.
     let _ = super::lifeline::read_end();
-    let rules = rules_of(config, uid_range, r_bin);
+    // What the warm parent runs as root, made by root before the fork: never
+    // a file valve's server could change once it runs as a user of its own.
+    let root = root_folder()?;
+    let rules = rules_of(config, uid_range, r_bin, &root);
     let store = crate::config::uid_store::Store::of_site(
         &config.server.state_dir,
         config.server.publish.as_ref().map(|p| p.dir.as_path()),
@@ -65,18 +68,35 @@ pub fn start(config: &Config, uid_range: (u32, u32), r_bin: &Path, json: bool) -
             drop(server);
             let _ = rustix::thread::set_name(c"valve-spawner");
             room::log_json(json);
-            Ok(Side::Spawner(Box::new(move || room::serve(spawner, rules, Box::new(move |name| store.known(name))))))
+            Ok(Side::Spawner(Box::new(move || {
+                room::serve(spawner, rules, Box::new(move |name| store.known(name)));
+                let _ = std::fs::remove_dir_all(&root);
+            })))
         }
         _ => {
             drop(spawner);
-            client::keep(server);
+            client::keep(server, root);
             Ok(Side::Server)
         }
     }
 }
 
+/// The folder of what runs as root: `lib/` (the warm parent's code, as
+/// valve carries it) and `zygote/` (its home and working directory), root's,
+/// removed by the spawner when it ends.
+fn root_folder() -> io::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new().prefix("valve-root-").tempdir()?.keep();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    super::spawn::write_lib(&dir.join("lib"))?;
+    let home = dir.join("zygote");
+    std::fs::create_dir(&home)?;
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700))?;
+    Ok(dir)
+}
+
 /// What the spawner knows from the settings.
-fn rules_of(config: &Config, uid_range: (u32, u32), r_bin: &Path) -> check::Rules {
+fn rules_of(config: &Config, uid_range: (u32, u32), r_bin: &Path, root: &Path) -> check::Rules {
     let (lo, hi) = uid_range;
     let apps = &config.apps;
     let mut r_bins = std::collections::BTreeMap::new();
@@ -92,7 +112,7 @@ fn rules_of(config: &Config, uid_range: (u32, u32), r_bin: &Path) -> check::Rule
         root_apps: apps.iter().filter(|a| a.account.kind == AccountKind::Root).map(|a| a.name.clone()).collect(),
         r_bins,
         warm_keep: super::caps::Keep::for_warm_parent().ok().flatten().map(|k| k.mask()).unwrap_or(0),
-        folders: vec![std::env::temp_dir(), absolute(&config.server.state_dir)],
+        folders: vec![root.to_path_buf()],
         probe_args: super::rtools::probe_args(),
     }
 }

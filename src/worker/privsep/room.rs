@@ -22,6 +22,9 @@ use crate::worker::job::{Io, Job};
 use crate::worker::exec::{command, failed_step};
 use crate::worker::sandbox::Prepared;
 
+/// The signals the spawner ignores (and its children do not).
+const HELD: [i32; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
+
 /// A process this spawner started, until it is reaped.
 struct Kid {
     pid: u32,
@@ -32,6 +35,13 @@ struct Kid {
 /// Serves valve's server on `sock` until it hangs up. `known`: the app uid
 /// table's uid for a name, read again for each app the settings do not name.
 pub(super) fn serve(sock: OwnedFd, rules: Rules, known: Box<dyn Fn(&str) -> Option<u32>>) {
+    // It ends when valve's server does, never before: a signal to valve's
+    // whole process group (Ctrl-C in a terminal, a container's stop) is the
+    // server's to act on (a drain). Its children get these back (`exec`).
+    for sig in HELD {
+        // SAFETY: setting a signal's disposition to ignored.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
     let me = rustix::process::getpid();
     if let Err(e) = rustix::process::set_child_subreaper(Some(me)) {
         say(&format!("cannot become a child subreaper ({e}): orphans of its processes go to init"));

@@ -54,12 +54,15 @@ pub struct Recipe {
     pub packages: Vec<String>,
     /// What it keeps of root's capabilities (valve as root): `caps`.
     pub keep: Option<Keep>,
+    /// Why it is not started at all (as root, valve may not narrow its rights).
+    pub off: Option<String>,
 }
 
 /// The warm parents of one valve, one per R binary (started when first asked).
 pub struct Zygotes {
     packages: Vec<String>,
     keep: Option<Keep>,
+    off: Option<String>,
     run_dir: Arc<tempfile::TempDir>,
     spawner: Spawner,
     parents: StdMutex<BTreeMap<PathBuf, Arc<Zygote>>>,
@@ -68,20 +71,23 @@ pub struct Zygotes {
 impl Zygotes {
     /// Must be called inside the runtime that will own the parents.
     pub fn new(run_dir: Arc<tempfile::TempDir>, packages: Vec<String>) -> io::Result<Arc<Zygotes>> {
-        let keep = match Keep::for_warm_parent() {
-            Ok(keep) => keep,
+        let (keep, off) = match Keep::for_warm_parent() {
+            Ok(keep) => (keep, None),
             Err(why) => {
+                // It would keep all of root's rights: the spawner starts no such parent.
                 tracing::warn!(
                     why,
-                    "the warm parent keeps all of root's capabilities: valve may not narrow them \
-                     (give valve CAP_SETPCAP, as a plain root has it)"
+                    "the warm parent is off, every worker starts as a fresh R: as root valve may not \
+                     narrow its rights to what forking into apps' users needs (give valve CAP_SETPCAP, \
+                     as a plain root has it)"
                 );
-                None
+                (None, Some(format!("the warm parent is off: {why} (give valve CAP_SETPCAP)")))
             }
         };
         Ok(Arc::new(Zygotes {
             packages,
             keep,
+            off,
             run_dir,
             spawner: Spawner::shared()?,
             parents: StdMutex::new(BTreeMap::new()),
@@ -95,7 +101,12 @@ impl Zygotes {
             .entry(r_bin.to_path_buf())
             .or_insert_with(|| {
                 let z = Arc::new(Zygote {
-                    recipe: Recipe { r_bin: r_bin.to_path_buf(), packages: self.packages.clone(), keep: self.keep },
+                    recipe: Recipe {
+                        r_bin: r_bin.to_path_buf(),
+                        packages: self.packages.clone(),
+                        keep: self.keep,
+                        off: self.off.clone(),
+                    },
                     run_dir: self.run_dir.clone(),
                     spawner: self.spawner.clone(),
                     parent: Mutex::new(None),
@@ -177,6 +188,9 @@ impl Zygote {
         if self.closed.is_cancelled() {
             return Err(Unavailable("valve is stopping".into()));
         }
+        if let Some(why) = &self.recipe.off {
+            return Err(Unavailable(why.clone()));
+        }
         if let Some(p) = guard.as_ref() {
             if p.gone.borrow().is_none() {
                 return Ok(guard);
@@ -203,11 +217,18 @@ impl Zygote {
     }
 
     async fn start(&self) -> Result<Parent, super::process::StartError> {
-        let lib = super::sandbox::lib_dir(self.run_dir.path());
-        // Its own empty home and working directory: it reads no user's .Renviron or .Rprofile.
-        let home = self.run_dir.path().join("zygote");
-        std::fs::create_dir_all(&home)?;
-        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700))?;
+        // Its own empty home and working directory: it reads no user's
+        // .Renviron or .Rprofile. As root, both are the spawner's, made by
+        // root before valve's server ran anything.
+        let (lib, home) = match super::privsep::client::root_folder() {
+            Some(root) => (root.join("lib"), root.join("zygote")),
+            None => {
+                let home = self.run_dir.path().join("zygote");
+                std::fs::create_dir_all(&home)?;
+                std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700))?;
+                (super::sandbox::lib_dir(self.run_dir.path()), home)
+            }
+        };
         let mut cmd = Job::new(&self.recipe.r_bin);
         // Of valve's environment only what any isolated worker may have: every
         // fork inherits the parent's (a fork of an app that shares valve's
