@@ -38,8 +38,9 @@ pub struct Rules {
     pub root_apps: BTreeSet<String>,
     /// The R binaries the settings name, each as the spawner runs it (found on its PATH).
     pub r_bins: BTreeMap<PathBuf, PathBuf>,
-    /// What the warm parent may keep of root's capabilities.
-    pub warm_keep: u64,
+    /// What the warm parent may keep of root's capabilities (`None`: valve
+    /// may not narrow them, without CAP_SETPCAP: it keeps what valve has).
+    pub warm_keep: Option<u64>,
     /// The folders a process started as root may name (its code, its home):
     /// the spawner's own, made by root before the server ran anything.
     pub folders: Vec<PathBuf>,
@@ -114,9 +115,13 @@ impl Rules {
                 if ids.is_some() {
                     return Err("the warm parent runs as root and switches users in its forks".into());
                 }
-                let keep = start.keep.ok_or("the warm parent must give up root's capabilities")?;
-                if keep & !self.warm_keep != 0 {
-                    return Err(format!("capabilities {keep:#x}: more than a warm parent keeps ({:#x})", self.warm_keep));
+                match (self.warm_keep, start.keep) {
+                    (Some(most), Some(keep)) if keep & !most != 0 => {
+                        return Err(format!("capabilities {keep:#x}: more than a warm parent keeps ({most:#x})"));
+                    }
+                    (Some(_), None) => return Err("the warm parent must give up root's capabilities".into()),
+                    (None, Some(_)) => return Err("valve may not narrow capabilities (no CAP_SETPCAP)".into()),
+                    _ => {}
                 }
                 let file = start.args.iter().find_map(|a| a.strip_prefix("--file=")).ok_or("no --file")?;
                 self.inside(Path::new(file), "the warm parent's code")?;

@@ -111,7 +111,7 @@ fn rules_of(config: &Config, uid_range: (u32, u32), r_bin: &Path, root: &Path) -
         apps: apps.iter().map(|a| a.name.clone()).collect(),
         root_apps: apps.iter().filter(|a| a.account.kind == AccountKind::Root).map(|a| a.name.clone()).collect(),
         r_bins,
-        warm_keep: super::caps::Keep::for_warm_parent().ok().flatten().map(|k| k.mask()).unwrap_or(0),
+        warm_keep: super::caps::Keep::for_warm_parent().ok().flatten().map(|k| k.mask()),
         folders: vec![root.to_path_buf()],
         probe_args: super::rtools::probe_args(),
     }

@@ -54,15 +54,12 @@ pub struct Recipe {
     pub packages: Vec<String>,
     /// What it keeps of root's capabilities (valve as root): `caps`.
     pub keep: Option<Keep>,
-    /// Why it is not started at all (as root, valve may not narrow its rights).
-    pub off: Option<String>,
 }
 
 /// The warm parents of one valve, one per R binary (started when first asked).
 pub struct Zygotes {
     packages: Vec<String>,
     keep: Option<Keep>,
-    off: Option<String>,
     run_dir: Arc<tempfile::TempDir>,
     spawner: Spawner,
     parents: StdMutex<BTreeMap<PathBuf, Arc<Zygote>>>,
@@ -71,23 +68,20 @@ pub struct Zygotes {
 impl Zygotes {
     /// Must be called inside the runtime that will own the parents.
     pub fn new(run_dir: Arc<tempfile::TempDir>, packages: Vec<String>) -> io::Result<Arc<Zygotes>> {
-        let (keep, off) = match Keep::for_warm_parent() {
-            Ok(keep) => (keep, None),
+        let keep = match Keep::for_warm_parent() {
+            Ok(keep) => keep,
             Err(why) => {
-                // It would keep all of root's rights: the spawner starts no such parent.
                 tracing::warn!(
                     why,
-                    "the warm parent is off, every worker starts as a fresh R: as root valve may not \
-                     narrow its rights to what forking into apps' users needs (give valve CAP_SETPCAP, \
-                     as a plain root has it)"
+                    "the warm parent keeps all of root's capabilities: valve may not narrow them \
+                     (give valve CAP_SETPCAP, as a plain root has it)"
                 );
-                (None, Some(format!("the warm parent is off: {why} (give valve CAP_SETPCAP)")))
+                None
             }
         };
         Ok(Arc::new(Zygotes {
             packages,
             keep,
-            off,
             run_dir,
             spawner: Spawner::shared()?,
             parents: StdMutex::new(BTreeMap::new()),
@@ -101,12 +95,7 @@ impl Zygotes {
             .entry(r_bin.to_path_buf())
             .or_insert_with(|| {
                 let z = Arc::new(Zygote {
-                    recipe: Recipe {
-                        r_bin: r_bin.to_path_buf(),
-                        packages: self.packages.clone(),
-                        keep: self.keep,
-                        off: self.off.clone(),
-                    },
+                    recipe: Recipe { r_bin: r_bin.to_path_buf(), packages: self.packages.clone(), keep: self.keep },
                     run_dir: self.run_dir.clone(),
                     spawner: self.spawner.clone(),
                     parent: Mutex::new(None),
@@ -187,9 +176,6 @@ impl Zygote {
         let mut guard = self.parent.lock().await;
         if self.closed.is_cancelled() {
             return Err(Unavailable("valve is stopping".into()));
-        }
-        if let Some(why) = &self.recipe.off {
-            return Err(Unavailable(why.clone()));
         }
         if let Some(p) = guard.as_ref() {
             if p.gone.borrow().is_none() {

@@ -13,7 +13,7 @@ fn rules() -> Rules {
         apps: ["api".to_string(), "boss".to_string()].into(),
         root_apps: ["boss".to_string()].into(),
         r_bins: [(PathBuf::from("R"), PathBuf::from("/usr/bin/R"))].into(),
-        warm_keep: 0b1100_0000,
+        warm_keep: Some(0b1100_0000),
         folders: vec![PathBuf::from("/srv/apps"), PathBuf::from("/tmp/valve-x")],
         probe_args: vec!["--vanilla".into(), "-e".into(), "1".into()],
     }
@@ -122,6 +122,10 @@ fn the_warm_parent_keeps_no_more_than_forking_needs_and_sets_only_its_own_variab
     let mut cwd = clone(&w);
     cwd.cwd = Some("/root".into());
     refused(&cwd, "outside valve's folders");
+    // Without CAP_SETPCAP valve cannot narrow them: the parent keeps what valve has, and asks nothing.
+    let unnarrowed = Rules { warm_keep: None, ..rules() };
+    assert!(unnarrowed.check(&Start { keep: None, ..clone(&w) }, &|_| None).is_ok());
+    assert!(unnarrowed.check(&w, &|_| None).unwrap_err().contains("CAP_SETPCAP"));
     let mut probe = clone(&w);
     probe.kind = Kind::Probe;
     probe.keep = None;
