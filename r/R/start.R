@@ -385,9 +385,14 @@ worker_count <- function(pid) {
 }
 
 # valve's workers: its children, except its warm parent (which serves no app),
-# whose children, forks of it, are workers too.
+# whose children, forks of it, are workers too. As root, valve's processes
+# are started by its privileged spawner (`valve-spawner`): its children.
 worker_handles <- function(pid) {
   kids <- ps::ps_children(ps::ps_handle(as.integer(pid)))
+  spawner <- vapply(kids, function(h) {
+    identical(tryCatch(ps::ps_name(h), error = function(e) ""), "valve-spawner")
+  }, logical(1))
+  kids <- c(kids[!spawner], unlist(lapply(kids[spawner], ps::ps_children), recursive = FALSE))
   warm <- vapply(kids, function(h) {
     isTRUE(tryCatch("VALVE_MODE=zygote" %in% ps::ps_environ_raw(h), error = function(e) FALSE))
   }, logical(1))
