@@ -20,11 +20,11 @@ use rustix::process::Signal;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::process::pid_of;
-use super::sandbox::{self, safe, Prepared, Site};
 use super::job::{Io, Job};
 use super::launchable::{Launchable, Spawner};
 use super::privsep::wire::Kind;
+use super::process::pid_of;
+use super::sandbox::{self, safe, Prepared, Site};
 use crate::config::Isolation;
 
 /// The most bytes of one fetched tarball valve reads back.

@@ -26,11 +26,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use super::child::{Child, ChildStdin};
+use super::job::Io;
 use rustix::process::Signal;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncWriteExt, BufReader};
-use super::child::{Child, ChildStdin};
-use super::job::Io;
 use tokio::sync::{oneshot, watch, Mutex};
 
 use super::conn::{Conn, Connect};

@@ -89,12 +89,13 @@ impl Launchable {
     /// The request that asks the privileged spawner for it (its id and
     /// which streams are piped filled in when it is sent).
     fn request(&self) -> Result<Start, StartError> {
-        let sandbox = match &self.sandbox {
-            Some(p) if !p.is_empty() => Some(p.owned().cloned().ok_or_else(|| {
-                StartError::Io(io::Error::other("a Landlock ruleset cannot be sent to the spawner"))
-            })?),
-            _ => None,
-        };
+        let sandbox =
+            match &self.sandbox {
+                Some(p) if !p.is_empty() => Some(p.owned().cloned().ok_or_else(|| {
+                    StartError::Io(io::Error::other("a Landlock ruleset cannot be sent to the spawner"))
+                })?),
+                _ => None,
+            };
         let job = &self.job;
         Ok(Start {
             id: 0,

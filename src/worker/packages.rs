@@ -8,7 +8,6 @@
 use std::io;
 use std::time::Duration;
 
-
 use super::job::Io;
 use super::process::{Exit, StartError};
 use super::spawn::{Spawner, Spec};

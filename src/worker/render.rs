@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use rustix::process::Signal;
 use tokio_util::sync::CancellationToken;
 
-use super::output::{forward, Tail, NOT_A_WORKER};
 use super::job::Io;
+use super::output::{forward, Tail, NOT_A_WORKER};
 use super::process::{Exit, RenderError, StartError};
 use super::spawn::{Spawner, Spec};
 

@@ -128,7 +128,9 @@ pub fn run_dir_of(pids: impl IntoIterator<Item = u32>) -> Option<std::path::Path
             return Some(run.to_path_buf());
         }
         if let Ok(out) = std::fs::read_link(format!("/proc/{pid}/fd/1")) {
-            if let Some(run) = out.ancestors().find(|a| a.file_name().is_some_and(|n| n == "apps")).and_then(Path::parent) {
+            if let Some(run) =
+                out.ancestors().find(|a| a.file_name().is_some_and(|n| n == "apps")).and_then(Path::parent)
+            {
                 return Some(run.to_path_buf());
             }
         }
@@ -138,9 +140,9 @@ pub fn run_dir_of(pids: impl IntoIterator<Item = u32>) -> Option<std::path::Path
 
 /// valve's privileged spawner (valve as root), if `pid` has one.
 pub fn spawner_of(pid: u32) -> Option<u32> {
-    children(pid).into_iter().find(|c| {
-        std::fs::read_to_string(format!("/proc/{c}/comm")).is_ok_and(|n| n.trim() == "valve-spawner")
-    })
+    children(pid)
+        .into_iter()
+        .find(|c| std::fs::read_to_string(format!("/proc/{c}/comm")).is_ok_and(|n| n.trim() == "valve-spawner"))
 }
 
 /// The processes valve started: its children, or as root its spawner's.

@@ -12,7 +12,14 @@ use crate::harness::{app_dir, as_root, fixture, need_r_packages, pid_alive, spaw
 use crate::rmarkdown::get;
 
 /// A request to start R as `ids` for `app` that writes `mark` if it ever runs.
-fn start_request(id: u64, kind: &str, app: Option<&str>, ids: Option<(u64, u64)>, keep: Option<u64>, mark: &Path) -> String {
+fn start_request(
+    id: u64,
+    kind: &str,
+    app: Option<&str>,
+    ids: Option<(u64, u64)>,
+    keep: Option<u64>,
+    mark: &Path,
+) -> String {
     let code = format!("file.create('{}')", mark.display());
     serde_json::json!({
         "ask": "start", "id": id, "kind": kind, "app": app, "program": "R",
@@ -42,23 +49,26 @@ fn as_root_the_spawner_refuses_requests_that_break_its_rules_says_why_and_starts
     });
     let asks = [
         (start_request(1_000_001, "app", Some("api"), Some((0, 0)), None, &mark("root")), "root's is never an app's"),
-        (start_request(1_000_002, "app", Some("api"), Some((4_000_000, 4_000_000)), None, &mark("out")), "outside uid_range"),
+        (
+            start_request(1_000_002, "app", Some("api"), Some((4_000_000, 4_000_000)), None, &mark("out")),
+            "outside uid_range",
+        ),
         (start_request(1_000_003, "app", Some("nobody"), in_range, None, &mark("unknown")), "know it"),
         (start_request(1_000_004, "app", Some("api"), in_range, Some(1 << 7), &mark("caps")), "keeps no capability"),
         (start_request(1_000_005, "app", Some("api"), None, None, &mark("asroot")), "needs a uid"),
         (warm.to_string(), "outside valve's folders"),
         ("{\"ask\":\"start\",".to_string(), "a malformed request"),
         ("{\"ask\":\"chown\",\"path\":\"/etc/shadow\",\"uid\":1950000001}".to_string(), "unknown variant `chown`"),
-        (
-            "{\"ask\":\"signal\",\"id\":1,\"sig\":9,\"group\":true,\"pid\":1}".to_string(),
-            "unknown field `pid`",
-        ),
+        ("{\"ask\":\"signal\",\"id\":1,\"sig\":9,\"group\":true,\"pid\":1}".to_string(), "unknown field `pid`"),
     ];
     let file = dir.path().join("asks");
     std::fs::write(&file, asks.iter().map(|(a, _)| format!("{a}\n")).collect::<String>()).unwrap();
     let config = dir.path().join("valve.toml");
-    std::fs::write(&config, format!("[[app]]\nname = \"api\"\npath = \"/api\"\nfile = \"{}\"\n", fixture("api.R").display()))
-        .unwrap();
+    std::fs::write(
+        &config,
+        format!("[[app]]\nname = \"api\"\npath = \"/api\"\nfile = \"{}\"\n", fixture("api.R").display()),
+    )
+    .unwrap();
     let v = Valve::start_with_env(
         &["--config", config.to_str().unwrap()],
         &[("VALVE_HOOK_SPAWNER_ASKS", file.to_str().unwrap())],
@@ -111,8 +121,11 @@ fn as_root_a_fork_the_server_asks_of_the_warm_parent_as_root_is_refused_and_a_fr
     }
     let dir = app_dir();
     let config = dir.path().join("valve.toml");
-    std::fs::write(&config, format!("[[app]]\nname = \"api\"\npath = \"/api\"\nfile = \"{}\"\n", fixture("api.R").display()))
-        .unwrap();
+    std::fs::write(
+        &config,
+        format!("[[app]]\nname = \"api\"\npath = \"/api\"\nfile = \"{}\"\n", fixture("api.R").display()),
+    )
+    .unwrap();
     // valve's server (as if taken over) asks for forks with uid and gid 0.
     let v = Valve::start_with_env(&["--config", config.to_str().unwrap()], &[("VALVE_HOOK_FORK_AS_ROOT", "1")]);
     assert_eq!(get(&v.get("/api/pid")).0, 200, "the app serves all the same");

@@ -235,7 +235,7 @@ fn check_view(sandbox: &Sandbox) -> Result<(), String> {
             Cover::Empty(p) | Cover::EmptyFile(p) | Cover::Clone(_, p) | Cover::Scratch(p) => p.as_path(),
         })
         .collect();
-    for p in steps.clones.iter().chain(covered.iter().map(|p| p.to_path_buf()).collect::<Vec<_>>().iter()) {
+    for p in steps.clones.iter().map(PathBuf::as_path).chain(covered.iter().copied()) {
         whole(p, "a view's path")?;
     }
     for (n, p) in &steps.places {

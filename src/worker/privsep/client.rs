@@ -62,7 +62,11 @@ impl Client {
 
     /// Asks the spawner to start `start` (its id and piped streams are
     /// filled in here) with `ends` as its piped streams.
-    pub(in crate::worker) async fn start(&self, mut start: Start, ends: [Option<OwnedFd>; 3]) -> Result<Started, Failure> {
+    pub(in crate::worker) async fn start(
+        &self,
+        mut start: Start,
+        ends: [Option<OwnedFd>; 3],
+    ) -> Result<Started, Failure> {
         let plain = |e: io::Error| Failure::Failed(e, None);
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         start.id = id;

@@ -120,7 +120,7 @@ fn rules_of(config: &Config, uid_range: (u32, u32), r_bin: &Path, root: &Path) -
 /// `bin` as the spawner runs it: found on its PATH when it is a bare name.
 fn found(bin: &Path) -> PathBuf {
     if bin.components().count() != 1 {
-        return absolute(bin);
+        return std::path::absolute(bin).unwrap_or_else(|_| bin.to_path_buf());
     }
     std::env::var_os("PATH")
         .into_iter()
@@ -128,8 +128,4 @@ fn found(bin: &Path) -> PathBuf {
         .map(|d| d.join(bin))
         .find(|p| p.is_file())
         .unwrap_or_else(|| bin.to_path_buf())
-}
-
-fn absolute(p: &Path) -> PathBuf {
-    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }

@@ -18,8 +18,8 @@ use rustix::process::{Pid, PidfdFlags, Signal, WaitOptions};
 use super::check::{Rules, SIGNALS};
 use super::wire::{self, Reply, Request, Start};
 use crate::worker::caps::Keep;
-use crate::worker::job::{Io, Job};
 use crate::worker::exec::{command, failed_step};
+use crate::worker::job::{Io, Job};
 use crate::worker::sandbox::Prepared;
 
 /// The signals the spawner ignores (and its children do not).
@@ -157,7 +157,11 @@ fn handle(
 }
 
 /// Starts a checked request, its streams `fds` in order.
-fn launch(start: &Start, checked: super::check::Checked, fds: Vec<OwnedFd>) -> Result<Kid, (io::Error, Option<String>)> {
+fn launch(
+    start: &Start,
+    checked: super::check::Checked,
+    fds: Vec<OwnedFd>,
+) -> Result<Kid, (io::Error, Option<String>)> {
     let plain = |e: io::Error| (e, None);
     let mut job = Job::new(&checked.program);
     job.args(&start.args);

@@ -11,8 +11,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 
 use rustix::net::{
-    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
-    SendAncillaryMessage, SendFlags,
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage,
+    SendFlags,
 };
 use serde::{Deserialize, Serialize};
 
@@ -75,13 +75,28 @@ pub struct Start {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case", tag = "said")]
 pub enum Reply {
-    Started { id: u64, pid: u32 },
+    Started {
+        id: u64,
+        pid: u32,
+    },
     /// The request broke a rule; nothing was started or changed.
-    Refused { id: Option<u64>, why: String },
+    Refused {
+        id: Option<u64>,
+        why: String,
+    },
     /// It was allowed but did not start: the sandbox's step that failed, if one did.
-    Failed { id: u64, step: Option<String>, not_found: bool, denied: bool, error: String },
+    Failed {
+        id: u64,
+        step: Option<String>,
+        not_found: bool,
+        denied: bool,
+        error: String,
+    },
     /// Its raw wait status.
-    Exited { id: u64, status: i32 },
+    Exited {
+        id: u64,
+        status: i32,
+    },
 }
 
 /// Sends `value` with `fds` as one message (blocking or not, as `sock` is).
@@ -123,8 +138,8 @@ pub fn recv(sock: impl AsFd) -> io::Result<Received> {
             fds.extend(rights);
         }
     }
-    let truncated = got.flags.contains(rustix::net::ReturnFlags::TRUNC)
-        || got.flags.contains(rustix::net::ReturnFlags::CTRUNC);
+    let truncated =
+        got.flags.contains(rustix::net::ReturnFlags::TRUNC) || got.flags.contains(rustix::net::ReturnFlags::CTRUNC);
     if got.bytes == 0 && fds.is_empty() {
         return Ok(Received { bytes: None, fds, truncated });
     }

@@ -22,10 +22,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncWriteExt;
 use super::child::ChildStdin;
 use super::job::{Io, Job};
 use super::privsep::wire::Kind;
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{watch, Mutex};
 use tokio_util::sync::CancellationToken;
 
