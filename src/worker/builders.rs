@@ -22,6 +22,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::job::{Io, Job};
 use super::launchable::{Launchable, Spawner};
+use super::privsep::chores::{self, Chore};
 use super::privsep::wire::Kind;
 use super::process::pid_of;
 use super::sandbox::{self, safe, Prepared, Site};
@@ -85,7 +86,13 @@ impl Builders {
 impl Drop for Builder {
     fn drop(&mut self) {
         if let Some(uid) = self.uid {
-            kill_all_of(uid);
+            // As root, the privileged spawner's chore (valve's server may
+            // not signal a builder's uid); without one, valve's own.
+            match chores::ask(&Chore::KillUid { uid }) {
+                None => kill_all_of(uid),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => tracing::warn!("the processes of builder uid {uid} were not killed: {e}"),
+            }
         }
         self.builders.free.lock().unwrap_or_else(|p| p.into_inner()).push(self.uid);
     }
@@ -94,7 +101,7 @@ impl Drop for Builder {
 /// Kills every process whose real uid is `uid` (a builder's: nothing else
 /// runs as it), until none is left: what a build started in the background
 /// never sees the next build.
-fn kill_all_of(uid: u32) {
+pub(crate) fn kill_all_of(uid: u32) {
     for _ in 0..10 {
         let mut found = false;
         let Ok(procs) = std::fs::read_dir("/proc") else { return };

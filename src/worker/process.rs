@@ -236,8 +236,20 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     Some(Duration::from_nanos(ticks.saturating_mul(1_000_000_000) / per_second))
 }
 
-/// A process's private memory (not shared with any other process) in bytes.
+/// A process's private memory (not shared with any other process) in
+/// bytes: as root, read by the privileged spawner (valve's server may not
+/// read another user's), else by valve itself.
 pub fn private_bytes(pid: u32) -> Option<u64> {
+    use crate::worker::privsep::chores::{self, Chore, Done};
+    match chores::ask(&Chore::Memory { pid }) {
+        None => private_bytes_here(pid),
+        Some(Ok(Done::Memory { bytes })) => bytes,
+        Some(_) => None,
+    }
+}
+
+/// `private_bytes`, read with this process's own rights.
+pub(crate) fn private_bytes_here(pid: u32) -> Option<u64> {
     let path = format!("/proc/{pid}/smaps_rollup");
     let rollup = match std::fs::read_to_string(&path) {
         Ok(text) => text,

@@ -293,7 +293,8 @@ async fn a_published_bundle_gets_its_versions_a_redeploy_takes_them_from_the_cac
 
 /// A `configure` script runs as the app, in its own view of the files: what
 /// it writes outside its build folder never reaches the server, and another
-/// app's files are not there to read.
+/// app's files are not there to read, and what it leaves running in the
+/// background is killed when the build ends.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_configure_script_cannot_write_outside_its_build_folder_nor_read_another_apps_files() {
     assert!(as_root(), "this test checks the sandbox valve gives builds as root: run the tests as root, as CI does");
@@ -323,7 +324,8 @@ async fn configure_cannot_escape(as_user: Option<u32>) {
         "#!/bin/sh\nmkdir -p inst\n\
          if cat {secret} > inst/seen.txt 2>/dev/null; then echo READ >> inst/seen.txt; else echo unreadable > inst/seen.txt; fi\n\
          if echo x > {outside} 2>/dev/null; then echo WROTE >> inst/seen.txt; fi\n\
-         echo x > $HOME/.in-home 2>/dev/null\nexit 0\n",
+         echo x > $HOME/.in-home 2>/dev/null\n\
+         setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > inst/sleeper.txt\nexit 0\n",
         secret = secret.display(),
         outside = outside.display()
     );
@@ -333,7 +335,8 @@ async fn configure_cannot_escape(as_user: Option<u32>) {
     app(&site, "nosy", &renv_lock(served.url(), &[("nosy", "0.1"), ("plumber", "1.2.1")]));
     std::fs::write(
         site.join("nosy/plumber.R"),
-        "#* @get /seen\nfunction() readLines(system.file(\"seen.txt\", package = \"nosy\"))\n",
+        "#* @get /seen\nfunction() readLines(system.file(\"seen.txt\", package = \"nosy\"))\n\
+         #* @get /sleeper\nfunction() readLines(system.file(\"sleeper.txt\", package = \"nosy\"))\n",
     )
     .unwrap();
     if let Some(uid) = as_user {
@@ -361,6 +364,17 @@ async fn configure_cannot_escape(as_user: Option<u32>) {
     assert!(!seen.contains("secret") && !seen.contains("READ"), "the build read another app's file: {seen}");
     assert!(!seen.contains("WROTE") || !outside.exists(), "{seen}");
     assert!(!outside.exists(), "the build wrote {} on the server", outside.display());
+    if as_user.is_none() {
+        // What the build left running, out of its process group, is killed
+        // when the build ends: as root, by the privileged spawner, asked by
+        // valve's server, which may not signal a builder's uid itself.
+        let (code, pid) = get(&valve.get("/nosy/sleeper")).await;
+        assert_eq!(code, 200, "{pid}");
+        let pid: u32 = pid.trim_matches(|c: char| !c.is_ascii_digit()).parse().expect("the sleeper's pid");
+        wait_until("the build's background process to be killed", std::time::Duration::from_secs(60), || {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline")).map_or(true, |c| !c.starts_with("sleep"))
+        });
+    }
 }
 
 /// valve SIGKILLed while it builds a package leaves no half package: the next

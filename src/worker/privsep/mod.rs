@@ -4,8 +4,8 @@
 //! requests only from valve's server over a `SOCK_SEQPACKET` socket pair:
 //! start a job (an app's R as its uid, in its sandbox; a package builder
 //! as a builder's uid; the warm parent keeping only what switching users
-//! needs; valve's one question to R), signal one it started, and nothing
-//! else. Each request is one typed value (`wire`), checked against what
+//! needs; valve's one question to R), signal one it started, do a few
+//! chores that need root (`chores`), and nothing else. Each request is one typed value (`wire`), checked against what
 //! valve's settings said at start (`check`) before anything is done; a
 //! request that breaks a rule is refused, said on valve's log, and changes
 //! nothing. The spawner exits when the server does (its end closes), and
@@ -15,8 +15,11 @@
 //! each under its app's Landlock ruleset (`launchable`).
 
 mod check;
+pub(crate) mod chores;
 pub(crate) mod client;
+mod errands;
 mod room;
+mod say;
 pub mod wire;
 
 use std::io;
@@ -61,21 +64,32 @@ pub fn start(config: &Config, uid_range: (u32, u32), r_bin: &Path, json: bool) -
         rustix::net::SocketFlags::CLOEXEC,
         None,
     )?;
+    // Chores (`chores`) on a pair of their own: a blocking ask and its
+    // answer, never mixed with the jobs' replies the server reads as they come.
+    let (server_chores, spawner_chores) = rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )?;
     // SAFETY: valve has one thread (checked above), so the child is a whole copy of it.
     match unsafe { libc::fork() } {
         -1 => Err(io::Error::last_os_error()),
         0 => {
             drop(server);
+            drop(server_chores);
             let _ = rustix::thread::set_name(c"valve-spawner");
-            room::log_json(json);
+            say::log_json(json);
             Ok(Side::Spawner(Box::new(move || {
-                room::serve(spawner, rules, Box::new(move |name| store.known(name)));
+                room::serve(spawner, spawner_chores, rules, Box::new(move |name| store.known(name)));
                 let _ = std::fs::remove_dir_all(&root);
             })))
         }
         _ => {
             drop(spawner);
+            drop(spawner_chores);
             client::keep(server, root);
+            chores::keep(server_chores);
             Ok(Side::Server)
         }
     }

@@ -16,6 +16,7 @@ use rustix::event::{poll, PollFd, PollFlags};
 use rustix::process::{Pid, PidfdFlags, Signal, WaitOptions};
 
 use super::check::{Rules, SIGNALS};
+use super::say::say;
 use super::wire::{self, Reply, Request, Start};
 use crate::worker::caps::Keep;
 use crate::worker::exec::{command, failed_step};
@@ -34,7 +35,7 @@ struct Kid {
 
 /// Serves valve's server on `sock` until it hangs up. `known`: the app uid
 /// table's uid for a name, read again for each app the settings do not name.
-pub(super) fn serve(sock: OwnedFd, rules: Rules, known: Box<dyn Fn(&str) -> Option<u32>>) {
+pub(super) fn serve(sock: OwnedFd, chores: OwnedFd, rules: Rules, known: Box<dyn Fn(&str) -> Option<u32>>) {
     // It ends when valve's server does, never before: a signal to valve's
     // whole process group (Ctrl-C in a terminal, a container's stop) is the
     // server's to act on (a drain). Its children get these back (`exec`).
@@ -49,9 +50,9 @@ pub(super) fn serve(sock: OwnedFd, rules: Rules, known: Box<dyn Fn(&str) -> Opti
     let mut kids: BTreeMap<u64, Kid> = BTreeMap::new();
     loop {
         let ready: Vec<(u64, bool)>;
-        let asked;
+        let (asked, chore);
         {
-            let mut fds = vec![PollFd::new(&sock, PollFlags::IN)];
+            let mut fds = vec![PollFd::new(&sock, PollFlags::IN), PollFd::new(&chores, PollFlags::IN)];
             fds.extend(kids.values().map(|k| PollFd::new(&k.pidfd, PollFlags::IN)));
             match poll(&mut fds, Some(&rustix::event::Timespec { tv_sec: 1, tv_nsec: 0 })) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
@@ -61,7 +62,8 @@ pub(super) fn serve(sock: OwnedFd, rules: Rules, known: Box<dyn Fn(&str) -> Opti
                 }
             }
             asked = !fds[0].revents().is_empty();
-            ready = kids.keys().zip(&fds[1..]).map(|(id, fd)| (*id, !fd.revents().is_empty())).collect();
+            chore = !fds[1].revents().is_empty();
+            ready = kids.keys().zip(&fds[2..]).map(|(id, fd)| (*id, !fd.revents().is_empty())).collect();
         }
         for (id, exited) in ready {
             if exited {
@@ -72,6 +74,16 @@ pub(super) fn serve(sock: OwnedFd, rules: Rules, known: Box<dyn Fn(&str) -> Opti
             }
         }
         reap_orphans(&kids);
+        if chore {
+            match wire::recv(&chores) {
+                Ok(wire::Received { bytes: Some(bytes), fds, truncated }) => {
+                    let done = super::errands::handle(&bytes, truncated || !fds.is_empty(), &rules);
+                    let _ = wire::send(&chores, &done, &[]);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                _ => break,
+            }
+        }
         if asked {
             let received = match wire::recv(&sock) {
                 Ok(r) => r,
@@ -242,18 +254,4 @@ fn refuse(id: Option<u64>, why: String) -> Reply {
         None => say(&format!("refused a request: {why}")),
     }
     Reply::Refused { id, why }
-}
-
-/// Whether valve's log is JSON lines.
-static JSON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-
-/// One line on valve's standard error in its log's format (the spawner has
-/// no log of its own).
-fn say(what: &str) {
-    let json = JSON.get().copied().unwrap_or(false);
-    crate::log::early_line(json, "WARN", "valve::spawner", &format!("privileged spawner: {what}"));
-}
-
-pub(super) fn log_json(json: bool) {
-    let _ = JSON.set(json);
 }
